@@ -1,0 +1,147 @@
+//! The fixed window counter, in one atomic word.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::{Algorithm, RETIRED, SCALED_LIMIT};
+use crate::{Decision, Quota, QuotaError};
+
+/// A fixed window counter: time is cut into windows of the quota's fill time (capacity ÷
+/// rate, so `100/s` gives windows of 1 s admitting 100), starting at the limiter's epoch;
+/// each window admits up to `capacity`.
+///
+/// The word holds a running total `window × capacity + used`, so moving to a new window and
+/// counting in it is one compare-and-swap, and a denial writes nothing. At a window boundary
+/// up to twice the capacity may pass in a short time: that is the algorithm, not a bug (the
+/// sliding algorithms exist for it).
+///
+/// # Example
+/// ```
+/// use sluice::{FixedWindow, ManualClock, Quota, RateLimiter};
+/// let clock = ManualClock::new(0);
+/// let limiter = RateLimiter::with_clock(FixedWindow, "3/s".parse::<Quota>()?, clock.clone())?;
+/// assert!(limiter.check_n(3)?.is_allowed());
+/// let denied = limiter.check();
+/// assert_eq!(denied.retry_after_nanos(), 1_000_000_000); // the next window
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FixedWindow;
+
+/// Constants of a fixed window limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowParams {
+    pub(crate) limit: u64,
+    pub(crate) window: u64,
+}
+
+impl WindowParams {
+    pub(crate) fn new(quota: &Quota) -> Self {
+        Self {
+            limit: quota.capacity(),
+            window: quota.fill_time_nanos(),
+        }
+    }
+
+    /// The end of the window holding `now`, as a distance from `now`.
+    pub(crate) fn until_window_end(&self, now: u64) -> u64 {
+        self.window - now % self.window
+    }
+}
+
+/// The running total of a fixed window limit.
+#[derive(Debug, Default)]
+pub struct FixedWindowState(AtomicU64);
+
+impl Algorithm for FixedWindow {
+    type Params = WindowParams;
+    type State = FixedWindowState;
+    type Snapshot = u64;
+
+    fn name(&self) -> &'static str {
+        "fixed_window"
+    }
+
+    fn params(&self, quota: &Quota) -> Result<WindowParams, QuotaError> {
+        Ok(WindowParams::new(quota))
+    }
+
+    fn horizon(&self, params: &WindowParams) -> u64 {
+        // Keeps window × limit below 2^61.
+        (SCALED_LIMIT / params.limit.max(1)).saturating_mul(params.window)
+    }
+
+    fn new_state(&self, _: &WindowParams) -> FixedWindowState {
+        FixedWindowState::default()
+    }
+
+    fn check(
+        &self,
+        params: &WindowParams,
+        state: &FixedWindowState,
+        now: u64,
+        cost: u64,
+    ) -> Option<Decision> {
+        let base = now / params.window * params.limit;
+        let until_end = params.until_window_end(now);
+        let mut total = state.0.load(Ordering::Acquire);
+        loop {
+            if total == RETIRED {
+                return None;
+            }
+            let used = total.saturating_sub(base);
+            let reset = if used == 0 { 0 } else { until_end };
+            if used + cost > params.limit {
+                return Some(Decision::denied(
+                    params.limit,
+                    params.limit - used,
+                    reset,
+                    until_end,
+                ));
+            }
+            if cost == 0 {
+                return Some(Decision::allowed(params.limit, params.limit - used, reset));
+            }
+            match state.0.compare_exchange_weak(
+                total,
+                base + used + cost,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    return Some(Decision::allowed(
+                        params.limit,
+                        params.limit - used - cost,
+                        until_end,
+                    ));
+                }
+                Err(current) => total = current,
+            }
+        }
+    }
+
+    fn retire(&self, state: &FixedWindowState) -> u64 {
+        state.0.swap(RETIRED, Ordering::AcqRel)
+    }
+
+    fn carry_over(
+        &self,
+        old: &WindowParams,
+        total: u64,
+        new: &WindowParams,
+        now: u64,
+    ) -> (u64, FixedWindowState) {
+        let used = total.saturating_sub(now / old.window * old.limit).min(new.limit);
+        // Same window length: keep the window grid. Otherwise a new window starts now.
+        let shift = if old.window == new.window {
+            now - now % old.window
+        } else {
+            now
+        };
+        (shift, FixedWindowState(AtomicU64::new(used)))
+    }
+
+    fn is_idle(&self, params: &WindowParams, state: &FixedWindowState, now: u64) -> bool {
+        let total = state.0.load(Ordering::Acquire);
+        total != RETIRED && total <= now / params.window * params.limit
+    }
+}

@@ -1,0 +1,125 @@
+//! The generic cell rate algorithm: a token bucket (or leaky bucket) in one atomic word.
+//!
+//! Time is counted in units of `1/c` ns, where `c/p` is the quota's rate in lowest terms, so
+//! one unit of cost is exactly `p` units long and every rate is exact. The word holds the
+//! theoretical arrival time (TAT): the scaled time at which the bucket would be full again.
+//! A check computes the new TAT and installs it with one compare-and-swap; a denial writes
+//! nothing.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::{RETIRED, SCALED_LIMIT, ceil_div};
+use crate::{Decision, Quota, QuotaError};
+
+/// Constants of one GCRA limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GcraParams {
+    /// Scaled units per nanosecond.
+    c: u64,
+    /// Scaled length of one unit of cost.
+    p: u64,
+    capacity: u64,
+    /// Scaled length of the whole capacity (the burst tolerance).
+    tau: u64,
+    /// Scaled delay a shaper may impose beyond the burst (0 for a meter).
+    max_delay: u64,
+}
+
+impl GcraParams {
+    pub(crate) fn new(quota: &Quota, max_delay_ns: u64) -> Result<Self, QuotaError> {
+        let (c, p) = quota.reduced_rate();
+        // A deny-all quota never reaches a check with a positive cost; any rate serves peeks.
+        let (c, p) = if c == 0 { (1, 1) } else { (c, p) };
+        let tau = quota.capacity() * p; // at most 2^60, checked by Quota
+        let max_delay = max_delay_ns
+            .checked_mul(c)
+            .filter(|d| *d <= SCALED_LIMIT - tau)
+            .ok_or_else(|| {
+                QuotaError::Overflow(format!(
+                    "a maximum delay of {max_delay_ns} ns at {quota} cannot be held exactly"
+                ))
+            })?;
+        Ok(Self {
+            c,
+            p,
+            capacity: quota.capacity(),
+            tau,
+            max_delay,
+        })
+    }
+
+    /// Scaled time stays below 2^61, TAT below 2^62.
+    pub(crate) fn horizon(&self) -> u64 {
+        SCALED_LIMIT / self.c
+    }
+
+    fn remaining(&self, ahead: u64) -> u64 {
+        self.tau.saturating_sub(ahead) / self.p
+    }
+}
+
+/// The GCRA state: the scaled TAT relative to the epoch.
+#[derive(Debug, Default)]
+pub struct GcraState(AtomicU64);
+
+pub(crate) fn check(params: &GcraParams, state: &GcraState, now: u64, cost: u64) -> Option<Decision> {
+    let t = now * params.c;
+    let cost_len = cost * params.p;
+    let mut tat = state.0.load(Ordering::Acquire);
+    loop {
+        if tat == RETIRED {
+            return None;
+        }
+        let base = tat.max(t);
+        let ahead = base - t;
+        let new_ahead = ahead + cost_len;
+        let over = new_ahead.saturating_sub(params.tau);
+        if over > params.max_delay {
+            let retry = ceil_div(over - params.max_delay, params.c);
+            return Some(Decision::denied(
+                params.capacity,
+                params.remaining(ahead),
+                ceil_div(ahead, params.c),
+                retry,
+            ));
+        }
+        let allowed = |ahead| {
+            Decision::allowed(
+                params.capacity,
+                params.remaining(ahead),
+                ceil_div(ahead, params.c),
+            )
+            .with_delay(ceil_div(over, params.c))
+        };
+        if cost == 0 {
+            return Some(allowed(ahead));
+        }
+        match state
+            .0
+            .compare_exchange_weak(tat, base + cost_len, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => return Some(allowed(new_ahead)),
+            Err(current) => tat = current,
+        }
+    }
+}
+
+pub(crate) fn retire(state: &GcraState) -> u64 {
+    state.0.swap(RETIRED, Ordering::AcqRel)
+}
+
+pub(crate) fn carry_over(old: &GcraParams, tat: u64, new: &GcraParams, now: u64) -> (u64, GcraState) {
+    let ahead = tat.saturating_sub(now * old.c);
+    // Consumed units are ahead / old.p; re-expressed in the new scale, rounded up so a change
+    // never hands out a fraction of a unit.
+    let scaled = (u128::from(ahead) * u128::from(new.p)).div_ceil(u128::from(old.p));
+    let ahead = u64::try_from(scaled)
+        .unwrap_or(u64::MAX)
+        .min(new.tau + new.max_delay);
+    (now, GcraState(AtomicU64::new(ahead)))
+}
+
+pub(crate) fn is_idle(params: &GcraParams, state: &GcraState, now: u64) -> bool {
+    let tat = state.0.load(Ordering::Acquire);
+    tat != RETIRED && tat <= now * params.c
+}

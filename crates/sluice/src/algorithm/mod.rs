@@ -1,0 +1,103 @@
+//! The rate-limiting algorithms, one module each, behind one trait.
+//!
+//! An [`Algorithm`] is the pure part of a limit: given its parameters (compiled from a
+//! [`Quota`]), its state, the time and a cost, it decides. Owning the state, reading the clock
+//! and changing quotas is the job of a limiter such as [`crate::RateLimiter`]; the keyed store
+//! holds one state per key over the same trait.
+//!
+//! Time given to an algorithm is relative to an *epoch* chosen by the limiter (its creation
+//! time at first), so the scaled integer arithmetic stays small. Each algorithm says how far
+//! from the epoch it can count ([`Algorithm::horizon`]); before that the limiter moves the
+//! epoch with [`Algorithm::retire`] and [`Algorithm::carry_over`], which is also how a quota
+//! changes on a live limiter.
+//!
+//! Costs given to [`Algorithm::check`] are at most the quota's capacity (the limiter rejects
+//! larger ones); a cost of 0 peeks without consuming.
+
+use std::fmt::Debug;
+
+use crate::{Decision, Quota, QuotaError};
+
+mod fixed_window;
+mod gcra;
+mod leaky_bucket;
+mod sliding_counter;
+mod sliding_log;
+mod token_bucket;
+
+pub use fixed_window::FixedWindow;
+pub use leaky_bucket::LeakyBucket;
+pub use sliding_counter::SlidingWindowCounter;
+pub use sliding_log::SlidingWindowLog;
+pub use token_bucket::TokenBucket;
+
+/// A rate-limiting algorithm: how a state answers a check.
+///
+/// # Example
+/// ```
+/// use sluice::{Algorithm, FixedWindow, Quota};
+/// let algo = FixedWindow;
+/// let params = algo.params(&"2/s".parse::<Quota>()?)?;
+/// let state = algo.new_state(&params);
+/// assert!(algo.check(&params, &state, 0, 2).unwrap().is_allowed());
+/// assert!(!algo.check(&params, &state, 1, 1).unwrap().is_allowed());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub trait Algorithm: Send + Sync + 'static {
+    /// Constants derived from a quota once, so checks do no setup work.
+    type Params: Send + Sync + Debug + Clone;
+    /// The mutable state of one limit, shared by all threads that check it.
+    type State: Send + Sync;
+    /// The state's value taken out of a retired state, to build its successor.
+    type Snapshot: Send;
+
+    /// A short name: `token_bucket`, `fixed_window`...
+    fn name(&self) -> &'static str;
+
+    /// Compiles a quota; fails if this algorithm cannot hold it exactly.
+    fn params(&self, quota: &Quota) -> Result<Self::Params, QuotaError>;
+
+    /// How many nanoseconds past the epoch this state can count; a limiter must move the epoch
+    /// (retire and carry over) before giving a later time.
+    fn horizon(&self, params: &Self::Params) -> u64;
+
+    /// A state with nothing consumed.
+    fn new_state(&self, params: &Self::Params) -> Self::State;
+
+    /// Decides a check of `cost` (at most the capacity) at `now` ns past the epoch, consuming
+    /// it if allowed. `None` means the state was retired: reload the limit and try again.
+    fn check(&self, params: &Self::Params, state: &Self::State, now: u64, cost: u64) -> Option<Decision>;
+
+    /// Marks the state retired (later checks on it return `None`) and takes its value.
+    fn retire(&self, state: &Self::State) -> Self::Snapshot;
+
+    /// Builds the state that succeeds a retired one at `now` (relative to the old epoch), under
+    /// `new` parameters. Returns how far the epoch moves (at most `now`) and the state.
+    ///
+    /// The rule, for every algorithm: what was consumed and still counts at `now` stays
+    /// consumed, capped at the new capacity, and then recovers at the new rate.
+    fn carry_over(
+        &self,
+        old: &Self::Params,
+        snapshot: Self::Snapshot,
+        new: &Self::Params,
+        now: u64,
+    ) -> (u64, Self::State);
+
+    /// Whether the state carries no information at `now`: forgetting it and starting afresh
+    /// would decide every later check the same way (a full bucket, an expired window).
+    fn is_idle(&self, params: &Self::Params, state: &Self::State, now: u64) -> bool;
+}
+
+/// `a / b` rounded up, with `b == 1` (the common case) free of a division.
+#[inline]
+pub(crate) fn ceil_div(a: u64, b: u64) -> u64 {
+    if b == 1 { a } else { a.div_ceil(b) }
+}
+
+/// Marks a retired single-word state. Live states stay below 2^62, so this never collides.
+pub(crate) const RETIRED: u64 = u64::MAX;
+
+/// The cap for any scaled value the single-word algorithms store: live values stay below
+/// twice this, far from [`RETIRED`].
+pub(crate) const SCALED_LIMIT: u64 = 1 << 61;

@@ -1,0 +1,165 @@
+//! The sliding window counter.
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use super::Algorithm;
+use super::fixed_window::WindowParams;
+use crate::{Decision, Quota, QuotaError};
+
+/// A sliding window counter: counts per fixed window (the quota's fill time), and estimates
+/// the last window's worth as the current count plus the previous window's count weighted by
+/// the part of it still inside the sliding window. A cost is admitted if
+/// `previous × (window − elapsed) / window + current + cost ≤ capacity`, compared exactly in
+/// integers.
+///
+/// Two counters and a window index do not fit one atomic word, so each limit has a mutex of
+/// its own.
+///
+/// # Example
+/// ```
+/// use sluice::{ManualClock, Quota, RateLimiter, SlidingWindowCounter};
+/// let clock = ManualClock::new(0);
+/// let limiter = RateLimiter::with_clock(SlidingWindowCounter, "10/s".parse::<Quota>()?, clock.clone())?;
+/// assert!(limiter.check_n(10)?.is_allowed());
+/// clock.set(1_500_000_000); // half of the previous window still weighs: 5 remain
+/// assert_eq!(limiter.check_n(0)?.remaining(), 5);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SlidingWindowCounter;
+
+/// The two counters of a sliding window counter.
+#[derive(Debug, Default)]
+pub struct CounterState(Mutex<Counters>);
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Counters {
+    retired: bool,
+    window: u64,
+    previous: u64,
+    current: u64,
+}
+
+impl Counters {
+    /// Moves to the window holding `now` (a time before the current window counts as in it).
+    fn roll(&mut self, now: u64, window_len: u64) {
+        let window = now / window_len;
+        if window == self.window + 1 {
+            self.previous = self.current;
+            self.current = 0;
+        } else if window > self.window + 1 {
+            self.previous = 0;
+            self.current = 0;
+        }
+        self.window = self.window.max(window);
+    }
+}
+
+fn lock(state: &CounterState) -> MutexGuard<'_, Counters> {
+    // Nothing panics while the lock is held; a poisoned lock still holds consistent counters.
+    state.0.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// `previous × (window − elapsed) / window`, rounded up: the previous window's weight.
+fn weighted(previous: u64, remaining_len: u64, window: u64) -> u64 {
+    let w = (u128::from(previous) * u128::from(remaining_len)).div_ceil(u128::from(window));
+    u64::try_from(w).unwrap_or(u64::MAX)
+}
+
+/// The shortest `e ≥ 0` with `count × (window − e) ≤ room × window`: how far into a window
+/// a previous count of `count` has decayed enough to leave `room`.
+fn decayed_at(count: u64, room: u64, window: u64) -> u64 {
+    if count == 0 {
+        return 0;
+    }
+    let allowed_len = u128::from(room) * u128::from(window) / u128::from(count);
+    window.saturating_sub(u64::try_from(allowed_len).unwrap_or(u64::MAX))
+}
+
+impl Algorithm for SlidingWindowCounter {
+    type Params = WindowParams;
+    type State = CounterState;
+    type Snapshot = Counters;
+
+    fn name(&self) -> &'static str {
+        "sliding_window_counter"
+    }
+
+    fn params(&self, quota: &Quota) -> Result<WindowParams, QuotaError> {
+        Ok(WindowParams::new(quota))
+    }
+
+    fn horizon(&self, params: &WindowParams) -> u64 {
+        let _ = params;
+        u64::MAX
+    }
+
+    fn new_state(&self, _: &WindowParams) -> CounterState {
+        CounterState::default()
+    }
+
+    fn check(&self, params: &WindowParams, state: &CounterState, now: u64, cost: u64) -> Option<Decision> {
+        let mut c = lock(state);
+        if c.retired {
+            return None;
+        }
+        let (len, limit) = (params.window, params.limit);
+        c.roll(now, len);
+        let window_start = c.window * len;
+        let elapsed = now.saturating_sub(window_start).min(len);
+        let until_end = len - elapsed;
+        let used = weighted(c.previous, until_end, len) + c.current;
+        let reset = if c.current > 0 {
+            until_end + len
+        } else if c.previous > 0 {
+            until_end
+        } else {
+            0
+        };
+        if used + cost > limit {
+            let retry = if c.current + cost <= limit {
+                // Later in this window, once the previous count has decayed enough.
+                decayed_at(c.previous, limit - c.current - cost, len) - elapsed
+            } else {
+                // In the next window, once this window's count (then previous) has decayed.
+                until_end + decayed_at(c.current, limit - cost, len)
+            };
+            return Some(Decision::denied(limit, limit.saturating_sub(used), reset, retry));
+        }
+        c.current += cost;
+        let reset = if cost > 0 { until_end + len } else { reset };
+        Some(Decision::allowed(limit, limit - used - cost, reset))
+    }
+
+    fn retire(&self, state: &CounterState) -> Counters {
+        let mut c = lock(state);
+        c.retired = true;
+        *c
+    }
+
+    fn carry_over(
+        &self,
+        old: &WindowParams,
+        mut c: Counters,
+        new: &WindowParams,
+        now: u64,
+    ) -> (u64, CounterState) {
+        c.roll(now, old.window);
+        let elapsed = now.saturating_sub(c.window * old.window).min(old.window);
+        let used = weighted(c.previous, old.window - elapsed, old.window) + c.current;
+        // The consumption that still counts becomes the count of a window starting now.
+        let counters = Counters {
+            retired: false,
+            window: 0,
+            previous: 0,
+            current: used.min(new.limit),
+        };
+        (now, CounterState(Mutex::new(counters)))
+    }
+
+    fn is_idle(&self, params: &WindowParams, state: &CounterState, now: u64) -> bool {
+        let mut c = *lock(state);
+        c.roll(now, params.window);
+        !c.retired && c.previous == 0 && c.current == 0
+    }
+}

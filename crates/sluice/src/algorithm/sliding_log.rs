@@ -1,0 +1,154 @@
+//! The sliding window log.
+
+use std::collections::VecDeque;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use super::Algorithm;
+use super::fixed_window::WindowParams;
+use crate::{Decision, Quota, QuotaError};
+
+/// A sliding window log: remembers when each admitted unit was admitted and admits a cost if
+/// the units admitted in the last window (the quota's fill time) plus the cost fit the
+/// capacity. The most exact window algorithm, and the most memory: at most `capacity`
+/// entries (requests at the same instant share one), allocated as they are used.
+///
+/// The log is guarded by a mutex of its own (a log cannot be updated in one atomic word).
+///
+/// # Example
+/// ```
+/// use sluice::{ManualClock, Quota, RateLimiter, SlidingWindowLog};
+/// let clock = ManualClock::new(0);
+/// let limiter = RateLimiter::with_clock(SlidingWindowLog, "2/s".parse::<Quota>()?, clock.clone())?;
+/// assert!(limiter.check().is_allowed());
+/// clock.set(400_000_000);
+/// assert!(limiter.check().is_allowed());
+/// // Full until the first entry leaves the window at t = 1 s.
+/// assert_eq!(limiter.check().retry_after_nanos(), 600_000_000);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SlidingWindowLog;
+
+/// The log: `(time, units admitted at that time)`, oldest first.
+#[derive(Debug, Default)]
+pub struct LogState(Mutex<Log>);
+
+#[derive(Debug, Default)]
+pub struct Log {
+    retired: bool,
+    entries: VecDeque<(u64, u64)>,
+    total: u64,
+}
+
+impl Log {
+    fn expire(&mut self, now: u64, window: u64) {
+        while let Some(&(at, units)) = self.entries.front() {
+            if now.saturating_sub(at) < window {
+                break;
+            }
+            self.entries.pop_front();
+            self.total -= units;
+        }
+    }
+
+    /// Time until the entry that frees `needed` units leaves the window.
+    fn until_freed(&self, needed: u64, now: u64, window: u64) -> u64 {
+        let mut freed = 0;
+        for &(at, units) in &self.entries {
+            freed += units;
+            if freed >= needed {
+                return (at + window).saturating_sub(now);
+            }
+        }
+        0
+    }
+
+    fn until_empty(&self, now: u64, window: u64) -> u64 {
+        self.entries
+            .back()
+            .map_or(0, |&(at, _)| (at + window).saturating_sub(now))
+    }
+}
+
+fn lock(state: &LogState) -> MutexGuard<'_, Log> {
+    // Nothing panics while the lock is held; a poisoned lock still holds a consistent log.
+    state.0.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Algorithm for SlidingWindowLog {
+    type Params = WindowParams;
+    type State = LogState;
+    type Snapshot = Log;
+
+    fn name(&self) -> &'static str {
+        "sliding_window_log"
+    }
+
+    fn params(&self, quota: &Quota) -> Result<WindowParams, QuotaError> {
+        Ok(WindowParams::new(quota))
+    }
+
+    fn horizon(&self, params: &WindowParams) -> u64 {
+        u64::MAX - params.window
+    }
+
+    fn new_state(&self, _: &WindowParams) -> LogState {
+        LogState::default()
+    }
+
+    fn check(&self, params: &WindowParams, state: &LogState, now: u64, cost: u64) -> Option<Decision> {
+        let mut log = lock(state);
+        if log.retired {
+            return None;
+        }
+        log.expire(now, params.window);
+        let limit = params.limit;
+        if log.total + cost > limit {
+            let retry = log.until_freed(log.total + cost - limit, now, params.window);
+            let reset = log.until_empty(now, params.window);
+            return Some(Decision::denied(limit, limit - log.total, reset, retry));
+        }
+        if cost > 0 {
+            log.total += cost;
+            match log.entries.back_mut() {
+                Some((at, units)) if *at == now => *units += cost,
+                _ => log.entries.push_back((now, cost)),
+            }
+        }
+        Some(Decision::allowed(
+            limit,
+            limit - log.total,
+            log.until_empty(now, params.window),
+        ))
+    }
+
+    fn retire(&self, state: &LogState) -> Log {
+        let mut log = lock(state);
+        log.retired = true;
+        std::mem::take(&mut *log)
+    }
+
+    fn carry_over(&self, _: &WindowParams, mut log: Log, new: &WindowParams, now: u64) -> (u64, LogState) {
+        log.retired = false;
+        log.expire(now, new.window);
+        // Over the new capacity: forget the oldest units first.
+        while log.total > new.limit {
+            let excess = log.total - new.limit;
+            let Some(front) = log.entries.front_mut() else {
+                break;
+            };
+            let dropped = front.1.min(excess);
+            front.1 -= dropped;
+            log.total -= dropped;
+            if front.1 == 0 {
+                log.entries.pop_front();
+            }
+        }
+        (0, LogState(Mutex::new(log)))
+    }
+
+    fn is_idle(&self, params: &WindowParams, state: &LogState, now: u64) -> bool {
+        let log = lock(state);
+        !log.retired && log.until_empty(now, params.window) == 0
+    }
+}

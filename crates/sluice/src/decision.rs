@@ -1,0 +1,108 @@
+//! The answer to a check, the same for every algorithm and every backend.
+
+use std::time::Duration;
+
+/// The outcome of one check.
+///
+/// `retry_after` is exact: the time until this same cost could be admitted if nothing else
+/// consumed in between. It is zero when the check was allowed and never zero when it was
+/// denied. `reset_after` is the time until the limit is back to its full capacity.
+/// `delay` is non-zero only for shaping algorithms, which admit a request but ask it to wait
+/// before it proceeds (its place in the queue).
+///
+/// # Example
+/// ```
+/// use std::time::Duration;
+/// use sluice::Decision;
+/// let d = Decision::denied(10, 0, 1_000_000_000, 100_000_000);
+/// assert!(!d.is_allowed());
+/// assert_eq!(d.retry_after(), Duration::from_millis(100));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Decision {
+    allowed: bool,
+    limit: u64,
+    remaining: u64,
+    reset_after_ns: u64,
+    retry_after_ns: u64,
+    delay_ns: u64,
+}
+
+impl Decision {
+    /// An admitted request: `remaining` units are left, the limit is full again after
+    /// `reset_after_ns`.
+    pub const fn allowed(limit: u64, remaining: u64, reset_after_ns: u64) -> Self {
+        Self {
+            allowed: true,
+            limit,
+            remaining,
+            reset_after_ns,
+            retry_after_ns: 0,
+            delay_ns: 0,
+        }
+    }
+
+    /// A denied request that could be admitted after `retry_after_ns` (raised to 1 ns if 0,
+    /// so a denial never tells a client to retry at once).
+    pub const fn denied(limit: u64, remaining: u64, reset_after_ns: u64, retry_after_ns: u64) -> Self {
+        Self {
+            allowed: false,
+            limit,
+            remaining,
+            reset_after_ns,
+            retry_after_ns: if retry_after_ns == 0 { 1 } else { retry_after_ns },
+            delay_ns: 0,
+        }
+    }
+
+    /// The same decision, admitted with a wait of `delay_ns` before the request proceeds.
+    pub const fn with_delay(mut self, delay_ns: u64) -> Self {
+        self.delay_ns = delay_ns;
+        self
+    }
+
+    /// Whether the request was admitted.
+    pub const fn is_allowed(&self) -> bool {
+        self.allowed
+    }
+
+    /// The capacity of the limit (the most that can be admitted at once).
+    pub const fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Units that could still be admitted right now, after this decision.
+    pub const fn remaining(&self) -> u64 {
+        self.remaining
+    }
+
+    /// Time until the limit is back to full capacity.
+    pub const fn reset_after(&self) -> Duration {
+        Duration::from_nanos(self.reset_after_ns)
+    }
+
+    /// Time until this cost could be admitted: zero if allowed, never zero if denied.
+    pub const fn retry_after(&self) -> Duration {
+        Duration::from_nanos(self.retry_after_ns)
+    }
+
+    /// For a shaper: how long an admitted request waits before it proceeds.
+    pub const fn delay(&self) -> Duration {
+        Duration::from_nanos(self.delay_ns)
+    }
+
+    /// [`Self::reset_after`] in nanoseconds.
+    pub const fn reset_after_nanos(&self) -> u64 {
+        self.reset_after_ns
+    }
+
+    /// [`Self::retry_after`] in nanoseconds.
+    pub const fn retry_after_nanos(&self) -> u64 {
+        self.retry_after_ns
+    }
+
+    /// [`Self::delay`] in nanoseconds.
+    pub const fn delay_nanos(&self) -> u64 {
+        self.delay_ns
+    }
+}

@@ -1,0 +1,54 @@
+//! # sluice: exact, fast rate limiting
+//!
+//! sluice decides whether a request may proceed under a [`Quota`] such as `100/s` or
+//! `10/min burst 20`, with any of the classic algorithms:
+//!
+//! | algorithm | state | notes |
+//! |---|---|---|
+//! | [`TokenBucket`] | one atomic word (GCRA) | smooth; the default choice |
+//! | [`LeakyBucket`] | one atomic word (GCRA) | as a meter, or as a shaper that returns a delay |
+//! | [`FixedWindow`] | one atomic word | cheapest; up to 2× capacity across a boundary |
+//! | [`SlidingWindowLog`] | log under a mutex | exact sliding window, memory up to capacity |
+//! | [`SlidingWindowCounter`] | two counters under a mutex | approximates the sliding window |
+//!
+//! and beside them a [`ConcurrencyLimiter`] (permits held until released).
+//!
+//! Every check returns a [`Decision`]: allowed or not, the limit, what remains, when the limit
+//! is full again and, when denied, exactly when this cost could be admitted. Decisions are
+//! exact: time is an integer count of nanoseconds from a [`Clock`], rates are integer ratios,
+//! and concurrent checks are linearizable.
+//!
+//! ```
+//! use sluice::{Quota, RateLimiter, TokenBucket};
+//!
+//! let limiter = RateLimiter::new(TokenBucket, "10/s burst 20".parse::<Quota>()?)?;
+//! let decision = limiter.check();
+//! if decision.is_allowed() {
+//!     // serve the request
+//! } else {
+//!     println!("retry in {:?}", decision.retry_after());
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+#![warn(missing_docs)]
+
+pub mod algorithm;
+mod backend;
+mod clock;
+mod concurrency;
+mod decision;
+mod error;
+mod limiter;
+mod quota;
+
+pub use algorithm::{
+    Algorithm, FixedWindow, LeakyBucket, SlidingWindowCounter, SlidingWindowLog, TokenBucket,
+};
+pub use backend::AsyncLimiter;
+pub use clock::{Clock, ManualClock, MonotonicClock};
+pub use concurrency::{AcquireError, ConcurrencyLimiter, OwnedPermit, Permit};
+pub use decision::Decision;
+pub use error::CheckError;
+pub use limiter::RateLimiter;
+pub use quota::{MAX_SCALED_BURST, Quota, QuotaError};

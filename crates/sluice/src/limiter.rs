@@ -1,0 +1,206 @@
+//! A single limit shared by many threads: the direct limiter.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use arc_swap::ArcSwap;
+
+use crate::{Algorithm, CheckError, Clock, Decision, MonotonicClock, Quota, QuotaError};
+
+/// One limit (not keyed), checked lock-free from any number of threads.
+///
+/// The quota can be changed while the limiter is in use ([`RateLimiter::set_quota`]): what
+/// was consumed and still counts stays consumed, capped at the new capacity, and recovers at
+/// the new rate. Checks never wait on a change.
+///
+/// # Example
+/// ```
+/// use sluice::{Quota, RateLimiter, TokenBucket};
+/// let limiter = RateLimiter::new(TokenBucket, "2/s".parse::<Quota>()?)?;
+/// assert!(limiter.check().is_allowed());
+/// assert!(limiter.check().is_allowed());
+/// let denied = limiter.check();
+/// assert!(!denied.is_allowed());
+/// assert!(denied.retry_after().as_millis() > 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct RateLimiter<A: Algorithm, C: Clock = MonotonicClock> {
+    algorithm: A,
+    clock: C,
+    limit: ArcSwap<Limit<A>>,
+    /// Serializes quota changes and epoch moves (rare); checks never take it.
+    replacing: Mutex<()>,
+}
+
+/// A quota with its compiled parameters and the state counting against it.
+struct Limit<A: Algorithm> {
+    quota: Quota,
+    params: A::Params,
+    /// The clock reading the algorithm's time is relative to.
+    epoch: u64,
+    /// The latest clock reading the state can take (epoch + horizon).
+    last_valid: u64,
+    state: A::State,
+}
+
+impl<A: Algorithm> Limit<A> {
+    fn new(algorithm: &A, quota: Quota, params: A::Params, epoch: u64, state: A::State) -> Self {
+        let last_valid = epoch.saturating_add(algorithm.horizon(&params));
+        Self {
+            quota,
+            params,
+            epoch,
+            last_valid,
+            state,
+        }
+    }
+}
+
+impl<A: Algorithm> RateLimiter<A, MonotonicClock> {
+    /// A limiter on the default clock.
+    pub fn new(algorithm: A, quota: Quota) -> Result<Self, QuotaError> {
+        Self::with_clock(algorithm, quota, MonotonicClock)
+    }
+}
+
+impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
+    /// A limiter on the given clock (a [`crate::ManualClock`] for tests and simulations).
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{FixedWindow, ManualClock, RateLimiter};
+    /// let limiter = RateLimiter::with_clock(FixedWindow, "5/min".parse()?, ManualClock::new(0))?;
+    /// assert_eq!(limiter.quota().capacity(), 5);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn with_clock(algorithm: A, quota: Quota, clock: C) -> Result<Self, QuotaError> {
+        let params = algorithm.params(&quota)?;
+        let state = algorithm.new_state(&params);
+        let limit = Limit::new(&algorithm, quota, params, clock.now(), state);
+        Ok(Self {
+            algorithm,
+            clock,
+            limit: ArcSwap::from_pointee(limit),
+            replacing: Mutex::new(()),
+        })
+    }
+
+    /// Checks a cost of 1 and consumes it if allowed.
+    #[inline]
+    pub fn check(&self) -> Decision {
+        match self.check_n(1) {
+            Ok(decision) => decision,
+            // Only a deny-all quota has capacity 0, and that is answered before this error.
+            Err(CheckError::CostExceedsCapacity { capacity, .. }) => {
+                Decision::denied(capacity, 0, 0, u64::MAX)
+            }
+        }
+    }
+
+    /// Checks a cost of `cost` units, all or nothing. A cost of 0 peeks: it reports the
+    /// remaining capacity and consumes nothing.
+    ///
+    /// # Errors
+    /// [`CheckError::CostExceedsCapacity`] if `cost` could never be admitted. Under a quota that
+    /// denies everything ([`Quota::deny_all`]) every positive cost is denied instead, with a
+    /// retry-after of `u64::MAX` ns.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{Quota, RateLimiter, SlidingWindowLog};
+    /// let limiter = RateLimiter::new(SlidingWindowLog, "10/s".parse::<Quota>()?)?;
+    /// assert_eq!(limiter.check_n(7)?.remaining(), 3);
+    /// assert!(!limiter.check_n(4)?.is_allowed());
+    /// assert!(limiter.check_n(11).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn check_n(&self, cost: u64) -> Result<Decision, CheckError> {
+        loop {
+            let limit = self.limit.load();
+            let capacity = limit.quota.capacity();
+            if cost > capacity {
+                if limit.quota.is_deny_all() {
+                    return Ok(Decision::denied(0, 0, 0, u64::MAX));
+                }
+                return Err(CheckError::CostExceedsCapacity { cost, capacity });
+            }
+            let now = self.clock.now();
+            if now > limit.last_valid {
+                self.replace(&limit, None, now);
+                continue;
+            }
+            // A reading older than the epoch (a thread that read the clock just before a
+            // replacement) is taken as the epoch itself.
+            let since_epoch = now.saturating_sub(limit.epoch);
+            if let Some(decision) = self
+                .algorithm
+                .check(&limit.params, &limit.state, since_epoch, cost)
+            {
+                return Ok(decision);
+            }
+        }
+    }
+
+    /// The quota in force.
+    pub fn quota(&self) -> Quota {
+        self.limit.load().quota
+    }
+
+    /// The algorithm of this limiter.
+    pub fn algorithm(&self) -> &A {
+        &self.algorithm
+    }
+
+    /// Replaces the quota without resetting what was consumed: consumption that still counts
+    /// stays consumed (capped at the new capacity) and recovers at the new rate. Concurrent
+    /// checks are decided either entirely under the old quota or entirely under the new one.
+    ///
+    /// # Errors
+    /// [`QuotaError`] if this algorithm cannot hold the new quota; the old one stays.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{ManualClock, Quota, RateLimiter, TokenBucket};
+    /// let limiter = RateLimiter::with_clock(TokenBucket, "10/s".parse()?, ManualClock::new(0))?;
+    /// limiter.check_n(4)?;
+    /// limiter.set_quota("20/s".parse()?)?;
+    /// assert_eq!(limiter.check_n(0)?.remaining(), 16); // 4 stay consumed
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_quota(&self, quota: Quota) -> Result<(), QuotaError> {
+        let params = self.algorithm.params(&quota)?;
+        let current = self.limit.load_full();
+        self.replace(&current, Some((quota, params)), self.clock.now());
+        Ok(())
+    }
+
+    /// Retires `seen` and installs its successor, under a new quota or (for `None`) the same
+    /// one with the epoch moved to `now`. Does nothing if `seen` was already replaced.
+    fn replace(&self, seen: &Limit<A>, new: Option<(Quota, A::Params)>, now: u64) {
+        let _guard = self.replacing.lock().unwrap_or_else(PoisonError::into_inner);
+        let current = self.limit.load_full();
+        if new.is_none() && !std::ptr::eq(Arc::as_ptr(&current), seen) {
+            return; // another thread moved the epoch already
+        }
+        let snapshot = self.algorithm.retire(&current.state);
+        let since_epoch = now.saturating_sub(current.epoch);
+        let (quota, params) = match new {
+            Some(new) => new,
+            None => (current.quota, current.params.clone()),
+        };
+        let (shift, state) = self
+            .algorithm
+            .carry_over(&current.params, snapshot, &params, since_epoch);
+        let successor = Limit::new(&self.algorithm, quota, params, current.epoch + shift, state);
+        self.limit.store(Arc::new(successor));
+    }
+}
+
+impl<A: Algorithm + std::fmt::Debug, C: Clock> std::fmt::Debug for RateLimiter<A, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimiter")
+            .field("algorithm", &self.algorithm)
+            .field("quota", &self.quota())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,364 @@
+//! Quotas: a capacity (burst) and a rate held exactly as a count per period.
+
+use std::fmt;
+use std::num::NonZeroU64;
+use std::str::FromStr;
+use std::time::Duration;
+
+const NANOS_PER_SEC: u64 = 1_000_000_000;
+
+/// The largest `capacity × reduced period` a quota may have: keeps every algorithm's scaled
+/// arithmetic inside 63 bits with room to spare (see [`Quota::reduced_rate`]).
+pub const MAX_SCALED_BURST: u64 = 1 << 60;
+
+/// How much may be admitted, and how fast it comes back.
+///
+/// The rate is `count` per `period`, held as integers: `1.1/s` is 11 per 10 s and `0.1/s` is
+/// 1 per 10 s, so no float drifts over days. `capacity` is the burst: the most that can be
+/// admitted at once. A quota of capacity 0 and rate 0 denies everything ([`Quota::deny_all`]).
+///
+/// Written as `COUNT/PERIOD [burst N]`, where COUNT may have decimals and PERIOD is a unit
+/// (`ns`, `us`, `ms`, `s`, `min`, `h`, `day`, with long forms and plurals) optionally preceded
+/// by a whole number (`5/10s`). Without `burst`, the capacity is the count rounded up (at
+/// least 1).
+///
+/// # Example
+/// ```
+/// use std::time::Duration;
+/// use sluice::Quota;
+/// let q: Quota = "1.1/s".parse()?;
+/// assert_eq!((q.count(), q.period()), (11, Duration::from_secs(10)));
+/// assert_eq!(q.capacity(), 2);
+/// let q: Quota = "10/min burst 20".parse()?;
+/// assert_eq!(q.capacity(), 20);
+/// assert!("0/s burst 3".parse::<Quota>().is_err());
+/// # Ok::<(), sluice::QuotaError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Quota {
+    capacity: u64,
+    count: u64,
+    period_ns: u64,
+    reduced_count: u64,
+    reduced_period: u64,
+}
+
+/// Why a quota is malformed or impossible.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuotaError {
+    /// The text is not of the form `COUNT/PERIOD [burst N]`.
+    #[error(
+        "malformed quota {input:?}: {reason} (expected COUNT/PERIOD [burst N], e.g. \"100/s\", \"1.1/s\", \"10/min burst 20\")"
+    )]
+    Malformed {
+        /// The text given.
+        input: String,
+        /// What was wrong with it.
+        reason: String,
+    },
+    /// The period is zero.
+    #[error("the period of a quota must be longer than zero")]
+    ZeroPeriod,
+    /// The rate is positive but the capacity is zero: nothing could ever be admitted.
+    #[error(
+        "capacity 0 with a non-zero rate admits nothing; use a capacity of at least 1, or 0/s for a quota that denies everything"
+    )]
+    ZeroCapacity,
+    /// The rate is zero but the capacity is positive: a burst that never refills.
+    #[error("a zero rate with capacity {0} would never refill; use 0/s without a burst to deny everything")]
+    ZeroRate(u64),
+    /// A number does not fit.
+    #[error("quota too large: {0}")]
+    Overflow(String),
+}
+
+fn overflow(what: &str) -> QuotaError {
+    QuotaError::Overflow(what.to_string())
+}
+
+const fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        let t = a % b;
+        a = b;
+        b = t;
+    }
+    a
+}
+
+impl Quota {
+    /// `count` per `period`, with a capacity (burst) equal to `count` (at least 1).
+    ///
+    /// # Example
+    /// ```
+    /// use std::time::Duration;
+    /// let q = sluice::Quota::new(5000, Duration::from_secs(3600))?;
+    /// assert_eq!(q.capacity(), 5000);
+    /// # Ok::<(), sluice::QuotaError>(())
+    /// ```
+    pub fn new(count: u64, period: Duration) -> Result<Self, QuotaError> {
+        let period_ns = u64::try_from(period.as_nanos()).map_err(|_| overflow("period exceeds 584 years"))?;
+        Self::from_parts(count.max(1), count, period_ns)
+    }
+
+    /// `count` per second, burst `count`.
+    ///
+    /// # Example
+    /// ```
+    /// use std::num::NonZeroU64;
+    /// let q = sluice::Quota::per_second(NonZeroU64::new(100).unwrap());
+    /// assert_eq!(q.to_string(), "100/s");
+    /// ```
+    pub fn per_second(count: NonZeroU64) -> Self {
+        Self::per_unit(count, NANOS_PER_SEC)
+    }
+
+    /// `count` per minute, burst `count`.
+    ///
+    /// # Example
+    /// ```
+    /// use std::num::NonZeroU64;
+    /// assert_eq!(sluice::Quota::per_minute(NonZeroU64::MIN).to_string(), "1/min");
+    /// ```
+    pub fn per_minute(count: NonZeroU64) -> Self {
+        Self::per_unit(count, 60 * NANOS_PER_SEC)
+    }
+
+    /// `count` per hour, burst `count`.
+    ///
+    /// # Example
+    /// ```
+    /// use std::num::NonZeroU64;
+    /// assert_eq!(sluice::Quota::per_hour(NonZeroU64::MIN).to_string(), "1/h");
+    /// ```
+    pub fn per_hour(count: NonZeroU64) -> Self {
+        Self::per_unit(count, 3600 * NANOS_PER_SEC)
+    }
+
+    fn per_unit(count: NonZeroU64, unit_ns: u64) -> Self {
+        let count = count.get().min(MAX_SCALED_BURST);
+        let g = gcd(count, unit_ns);
+        let reduced_period = unit_ns / g;
+        // A burst too large to represent is clamped to the largest that is.
+        let capacity = count.min(MAX_SCALED_BURST / reduced_period);
+        Self {
+            capacity,
+            count,
+            period_ns: unit_ns,
+            reduced_count: count / g,
+            reduced_period,
+        }
+    }
+
+    /// A quota that admits nothing, ever (the "unknown key gets 0" quota).
+    ///
+    /// # Example
+    /// ```
+    /// assert!(sluice::Quota::deny_all().is_deny_all());
+    /// ```
+    pub const fn deny_all() -> Self {
+        Self {
+            capacity: 0,
+            count: 0,
+            period_ns: NANOS_PER_SEC,
+            reduced_count: 0,
+            reduced_period: 1,
+        }
+    }
+
+    /// The same rate with a different capacity (burst).
+    ///
+    /// # Example
+    /// ```
+    /// let q = "10/min".parse::<sluice::Quota>()?.with_capacity(20)?;
+    /// assert_eq!(q.to_string(), "10/min burst 20");
+    /// # Ok::<(), sluice::QuotaError>(())
+    /// ```
+    pub fn with_capacity(self, capacity: u64) -> Result<Self, QuotaError> {
+        Self::from_parts(capacity, self.count, self.period_ns)
+    }
+
+    fn from_parts(capacity: u64, count: u64, period_ns: u64) -> Result<Self, QuotaError> {
+        if period_ns == 0 {
+            return Err(QuotaError::ZeroPeriod);
+        }
+        match (count, capacity) {
+            (0, 0) => return Ok(Self::deny_all()),
+            (0, c) => return Err(QuotaError::ZeroRate(c)),
+            (_, 0) => return Err(QuotaError::ZeroCapacity),
+            _ => {}
+        }
+        let g = gcd(count, period_ns);
+        let quota = Self {
+            capacity,
+            count,
+            period_ns,
+            reduced_count: count / g,
+            reduced_period: period_ns / g,
+        };
+        let scaled_burst = u128::from(capacity) * u128::from(quota.reduced_period);
+        if scaled_burst > u128::from(MAX_SCALED_BURST) {
+            return Err(overflow(&format!(
+                "burst {capacity} at {count} per {period_ns} ns cannot be held exactly \
+                 (capacity × period / gcd(count, period) must be at most 2^60)"
+            )));
+        }
+        Ok(quota)
+    }
+
+    /// The most that can be admitted at once.
+    pub const fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// The count of the rate, as written (decimals removed: `1.1/s` has count 11).
+    pub const fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// The period of the rate, as written (decimals removed: `1.1/s` has period 10 s).
+    pub const fn period(&self) -> Duration {
+        Duration::from_nanos(self.period_ns)
+    }
+
+    /// The period in nanoseconds.
+    pub const fn period_nanos(&self) -> u64 {
+        self.period_ns
+    }
+
+    /// Whether this quota admits nothing.
+    pub const fn is_deny_all(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The rate in lowest terms, `(c, p)`: `c` units every `p` nanoseconds, so one unit every
+    /// `p / c` ns exactly. Algorithms count time in units of `1/c` ns, in which one unit of
+    /// cost is exactly `p` long. For [`Quota::deny_all`] this is `(0, 1)`.
+    pub const fn reduced_rate(&self) -> (u64, u64) {
+        (self.reduced_count, self.reduced_period)
+    }
+
+    /// Nanoseconds to refill the whole capacity from empty, rounded up (at least 1): the
+    /// window length of the window algorithms.
+    pub fn fill_time_nanos(&self) -> u64 {
+        if self.reduced_count == 0 {
+            return 1;
+        }
+        let scaled = u128::from(self.capacity) * u128::from(self.reduced_period);
+        let ns = scaled.div_ceil(u128::from(self.reduced_count));
+        u64::try_from(ns).unwrap_or(u64::MAX).max(1)
+    }
+}
+
+impl fmt::Display for Quota {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: [(u64, &str); 7] = [
+            (86_400 * NANOS_PER_SEC, "day"),
+            (3600 * NANOS_PER_SEC, "h"),
+            (60 * NANOS_PER_SEC, "min"),
+            (NANOS_PER_SEC, "s"),
+            (1_000_000, "ms"),
+            (1_000, "us"),
+            (1, "ns"),
+        ];
+        let (size, unit) = UNITS
+            .iter()
+            .copied()
+            .find(|(size, _)| self.period_ns % size == 0)
+            .unwrap_or((1, "ns"));
+        let multiple = self.period_ns / size;
+        if multiple == 1 {
+            write!(f, "{}/{unit}", self.count)?;
+        } else {
+            write!(f, "{}/{multiple}{unit}", self.count)?;
+        }
+        if self.capacity != self.count.max(1) {
+            write!(f, " burst {}", self.capacity)?;
+        }
+        Ok(())
+    }
+}
+
+fn unit_nanos(unit: &str) -> Option<u64> {
+    Some(match unit {
+        "ns" | "nanosecond" | "nanoseconds" => 1,
+        "us" | "µs" | "microsecond" | "microseconds" => 1_000,
+        "ms" | "millisecond" | "milliseconds" => 1_000_000,
+        "s" | "sec" | "secs" | "second" | "seconds" => NANOS_PER_SEC,
+        "m" | "min" | "mins" | "minute" | "minutes" => 60 * NANOS_PER_SEC,
+        "h" | "hr" | "hour" | "hours" => 3600 * NANOS_PER_SEC,
+        "d" | "day" | "days" => 86_400 * NANOS_PER_SEC,
+        _ => return None,
+    })
+}
+
+impl FromStr for Quota {
+    type Err = QuotaError;
+
+    fn from_str(input: &str) -> Result<Self, Self::Err> {
+        let malformed = |reason: &str| QuotaError::Malformed {
+            input: input.to_string(),
+            reason: reason.to_string(),
+        };
+        let text = input.trim();
+        let (rate, burst) = match text.split_once("burst") {
+            Some((rate, burst)) => (rate.trim(), Some(burst.trim())),
+            None => (text, None),
+        };
+        let (number, period) = rate
+            .split_once('/')
+            .ok_or_else(|| malformed("missing '/' between count and period"))?;
+        let (number, period) = (number.trim(), period.trim());
+
+        // COUNT: digits with an optional fraction, scaled to an integer.
+        let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+        if whole.is_empty() && fraction.is_empty()
+            || !whole.chars().all(|c| c.is_ascii_digit())
+            || !fraction.chars().all(|c| c.is_ascii_digit())
+        {
+            return Err(malformed("the count must be a non-negative decimal number"));
+        }
+        let digits = format!("{whole}{fraction}");
+        let count: u64 = digits
+            .trim_start_matches('0')
+            .parse()
+            .or_else(|_| {
+                if digits.chars().all(|c| c == '0') {
+                    Ok(0)
+                } else {
+                    Err(())
+                }
+            })
+            .map_err(|_| overflow("count has too many digits"))?;
+        let scale = u32::try_from(fraction.len())
+            .ok()
+            .and_then(|d| 10u64.checked_pow(d))
+            .ok_or_else(|| overflow("count has too many decimals"))?;
+
+        // PERIOD: an optional whole multiple, then a unit.
+        let split = period.find(|c: char| !c.is_ascii_digit()).unwrap_or(period.len());
+        let (multiple, unit) = period.split_at(split);
+        let multiple: u64 = if multiple.is_empty() {
+            1
+        } else {
+            multiple
+                .parse()
+                .map_err(|_| overflow("period multiple too large"))?
+        };
+        let unit_ns = unit_nanos(unit.trim())
+            .ok_or_else(|| malformed("unknown period unit (use ns, us, ms, s, min, h or day)"))?;
+        let period_ns = multiple
+            .checked_mul(unit_ns)
+            .and_then(|p| p.checked_mul(scale))
+            .ok_or_else(|| overflow("period exceeds 584 years"))?;
+
+        let capacity = match burst {
+            Some(b) => b
+                .parse::<u64>()
+                .map_err(|_| malformed("burst must be a whole number"))?,
+            // The count rounded up, per written period.
+            None if count == 0 => 0,
+            None => count.div_ceil(scale).max(1),
+        };
+        Self::from_parts(capacity, count, period_ns)
+    }
+}
