@@ -317,6 +317,10 @@ impl FromStr for Quota {
         {
             return Err(malformed("the count must be a non-negative decimal number"));
         }
+        let scale = u32::try_from(fraction.len())
+            .ok()
+            .and_then(|d| 10u64.checked_pow(d))
+            .ok_or_else(|| overflow("count has too many decimals"))?;
         let digits = format!("{whole}{fraction}");
         let count: u64 = digits
             .trim_start_matches('0')
@@ -329,10 +333,6 @@ impl FromStr for Quota {
                 }
             })
             .map_err(|_| overflow("count has too many digits"))?;
-        let scale = u32::try_from(fraction.len())
-            .ok()
-            .and_then(|d| 10u64.checked_pow(d))
-            .ok_or_else(|| overflow("count has too many decimals"))?;
 
         // PERIOD: an optional whole multiple, then a unit.
         let split = period.find(|c: char| !c.is_ascii_digit()).unwrap_or(period.len());
