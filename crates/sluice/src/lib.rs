@@ -39,6 +39,7 @@ mod clock;
 mod concurrency;
 mod decision;
 mod error;
+pub mod keyed;
 mod limiter;
 mod quota;
 
@@ -50,5 +51,9 @@ pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use concurrency::{AcquireError, ConcurrencyLimiter, OwnedPermit, Permit};
 pub use decision::Decision;
 pub use error::CheckError;
+pub use keyed::{
+    FetchError, FetchResult, FnSource, KeyedBuilder, KeyedLimiter, KeyedMetrics, QuotaSource, Spawner,
+    StaticQuotas, Task,
+};
 pub use limiter::RateLimiter;
 pub use quota::{MAX_SCALED_BURST, Quota, QuotaError};

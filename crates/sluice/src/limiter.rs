@@ -117,13 +117,6 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
     pub fn check_n(&self, cost: u64) -> Result<Decision, CheckError> {
         loop {
             let limit = self.limit.load();
-            let capacity = limit.quota.capacity();
-            if cost > capacity {
-                if limit.quota.is_deny_all() {
-                    return Ok(Decision::denied(0, 0, 0, u64::MAX));
-                }
-                return Err(CheckError::CostExceedsCapacity { cost, capacity });
-            }
             let now = self.clock.now();
             if now > limit.last_valid {
                 self.replace(&limit, None, now);
@@ -132,11 +125,15 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
             // A reading older than the epoch (a thread that read the clock just before a
             // replacement) is taken as the epoch itself.
             let since_epoch = now.saturating_sub(limit.epoch);
-            if let Some(decision) = self
-                .algorithm
-                .check(&limit.params, &limit.state, since_epoch, cost)
-            {
-                return Ok(decision);
+            if let Some(result) = decide(
+                &self.algorithm,
+                &limit.quota,
+                &limit.params,
+                &limit.state,
+                since_epoch,
+                cost,
+            ) {
+                return result;
             }
         }
     }
@@ -203,4 +200,25 @@ impl<A: Algorithm + std::fmt::Debug, C: Clock> std::fmt::Debug for RateLimiter<A
             .field("quota", &self.quota())
             .finish_non_exhaustive()
     }
+}
+
+/// Decides one check on a state, answering costs the quota can never admit first. `None`
+/// means the state was retired.
+#[inline]
+pub(crate) fn decide<A: Algorithm>(
+    algorithm: &A,
+    quota: &Quota,
+    params: &A::Params,
+    state: &A::State,
+    since_epoch: u64,
+    cost: u64,
+) -> Option<Result<Decision, CheckError>> {
+    let capacity = quota.capacity();
+    if cost > capacity {
+        if quota.is_deny_all() {
+            return Some(Ok(Decision::denied(0, 0, 0, u64::MAX)));
+        }
+        return Some(Err(CheckError::CostExceedsCapacity { cost, capacity }));
+    }
+    algorithm.check(params, state, since_epoch, cost).map(Ok)
 }

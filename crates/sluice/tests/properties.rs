@@ -17,7 +17,13 @@ use sluice::{
 type Expected = (bool, u64, u64, u64, u64);
 
 fn observed(d: &Decision) -> Expected {
-    (d.is_allowed(), d.remaining(), d.reset_after_nanos(), d.retry_after_nanos(), d.delay_nanos())
+    (
+        d.is_allowed(),
+        d.remaining(),
+        d.reset_after_nanos(),
+        d.retry_after_nanos(),
+        d.delay_nanos(),
+    )
 }
 
 trait Model {
@@ -45,7 +51,14 @@ impl Bucket {
         let (c, p) = q.reduced_rate();
         let (c, p) = (u128::from(c), u128::from(p));
         let cap = u128::from(q.capacity());
-        Self { cap, c, p, tokens: (cap * p) as i128, last: start, max_delay: u128::from(max_delay) * c }
+        Self {
+            cap,
+            c,
+            p,
+            tokens: (cap * p) as i128,
+            last: start,
+            max_delay: u128::from(max_delay) * c,
+        }
     }
 }
 
@@ -65,7 +78,11 @@ impl Model for Bucket {
             return (false, remaining(self.tokens), reset(self.tokens), retry, 0);
         }
         self.tokens = after;
-        let delay = if after < 0 { ceil((-after) as u128, self.c) } else { 0 };
+        let delay = if after < 0 {
+            ceil((-after) as u128, self.c)
+        } else {
+            0
+        };
         (true, remaining(after), reset(after), 0, delay)
     }
 }
@@ -89,10 +106,22 @@ impl Model for Level {
         let poured = self.level + u128::from(cost) * self.p;
         if poured > room {
             let retry = ceil(poured - room, self.c);
-            return (false, ((room - self.level) / self.p) as u64, ceil(self.level, self.c), retry, 0);
+            return (
+                false,
+                ((room - self.level) / self.p) as u64,
+                ceil(self.level, self.c),
+                retry,
+                0,
+            );
         }
         self.level = poured;
-        (true, ((room - poured) / self.p) as u64, ceil(poured, self.c), 0, 0)
+        (
+            true,
+            ((room - poured) / self.p) as u64,
+            ceil(poured, self.c),
+            0,
+            0,
+        )
     }
 }
 
@@ -128,7 +157,12 @@ struct UnitLog {
 
 impl Model for UnitLog {
     fn check(&mut self, now: u64, cost: u64) -> Expected {
-        let live: Vec<u64> = self.admitted.iter().copied().filter(|&at| now - at < self.len).collect();
+        let live: Vec<u64> = self
+            .admitted
+            .iter()
+            .copied()
+            .filter(|&at| now - at < self.len)
+            .collect();
         let used = live.len() as u64;
         let reset = live.iter().max().map_or(0, |&at| at + self.len - now);
         if used + cost > self.limit {
@@ -159,7 +193,11 @@ impl WeightedWindows {
         let rel = now - self.epoch;
         let index = rel / self.len;
         let elapsed = rel % self.len;
-        let previous = if index == 0 { 0 } else { self.counts.get(&(index - 1)).copied().unwrap_or(0) };
+        let previous = if index == 0 {
+            0
+        } else {
+            self.counts.get(&(index - 1)).copied().unwrap_or(0)
+        };
         let current = self.counts.get(&index).copied().unwrap_or(0);
         (previous * (self.len - elapsed)).div_ceil(self.len) + current
     }
@@ -170,7 +208,9 @@ impl Model for WeightedWindows {
         let used = self.used_at(now);
         let reset_from = |m: &Self| (0..=2 * m.len).find(|&dt| m.used_at(now + dt) == 0).unwrap();
         if used + cost > self.limit {
-            let retry = (1..=2 * self.len).find(|&dt| self.used_at(now + dt) + cost <= self.limit).unwrap();
+            let retry = (1..=2 * self.len)
+                .find(|&dt| self.used_at(now + dt) + cost <= self.limit)
+                .unwrap();
             return (false, self.limit.saturating_sub(used), reset_from(self), retry, 0);
         }
         let index = (now - self.epoch) / self.len;
@@ -188,7 +228,11 @@ fn run<A: Algorithm>(algorithm: A, quota: Quota, start: u64, model: &mut dyn Mod
         let now = clock_now(&clock);
         let cost = cost.min(quota.capacity());
         let got = limiter.check_n(cost).unwrap();
-        assert_eq!(observed(&got), model.check(now, cost), "step {step} at t={now} cost={cost} quota={quota}");
+        assert_eq!(
+            observed(&got),
+            model.check(now, cost),
+            "step {step} at t={now} cost={cost} quota={quota}"
+        );
     }
 }
 
@@ -227,7 +271,10 @@ fn ops_strategy(quota: Quota) -> impl Strategy<Value = Vec<(u64, u64)>> {
 
 fn small_window_quota() -> impl Strategy<Value = Quota> {
     (1u64..=8, 1u64..=40, 1u64..=8).prop_map(|(count, period, burst)| {
-        Quota::new(count, Duration::from_nanos(period)).unwrap().with_capacity(burst).unwrap()
+        Quota::new(count, Duration::from_nanos(period))
+            .unwrap()
+            .with_capacity(burst)
+            .unwrap()
     })
 }
 
@@ -310,7 +357,9 @@ fn token_bucket_stays_exact_across_epoch_moves() {
     let start = 12_345;
     let mut model = Bucket::new(&quota, start, 0);
     let hour = 3_600_000_000_000u64;
-    let ops: Vec<(u64, u64)> = (0..2000u64).map(|i| (if i % 50 == 0 { hour } else { i % 1700 }, i % 6)).collect();
+    let ops: Vec<(u64, u64)> = (0..2000u64)
+        .map(|i| (if i % 50 == 0 { hour } else { i % 1700 }, i % 6))
+        .collect();
     run(TokenBucket, quota, start, &mut model, &ops);
 }
 

@@ -19,11 +19,20 @@ fn parses_the_written_forms() {
         ("1/day", 1, Duration::from_secs(86_400), 1),
         ("5/10s", 5, Duration::from_secs(10), 5),
         (" 3 / 250ms  burst 1 ", 3, Duration::from_millis(250), 1),
-        ("1000000000/s", 1_000_000_000, Duration::from_secs(1), 1_000_000_000),
+        (
+            "1000000000/s",
+            1_000_000_000,
+            Duration::from_secs(1),
+            1_000_000_000,
+        ),
     ];
     for (text, count, period, capacity) in cases {
         let q = parse(text).unwrap_or_else(|e| panic!("{text}: {e}"));
-        assert_eq!((q.count(), q.period(), q.capacity()), (count, period, capacity), "{text}");
+        assert_eq!(
+            (q.count(), q.period(), q.capacity()),
+            (count, period, capacity),
+            "{text}"
+        );
     }
 }
 
@@ -37,7 +46,14 @@ fn rates_are_held_in_lowest_terms() {
 
 #[test]
 fn display_round_trips() {
-    for text in ["100/s", "11/10s burst 2", "10/min burst 20", "1/day", "5/10s", "7/250ms burst 3"] {
+    for text in [
+        "100/s",
+        "11/10s burst 2",
+        "10/min burst 20",
+        "1/day",
+        "5/10s",
+        "7/250ms burst 3",
+    ] {
         let q = parse(text).unwrap();
         assert_eq!(q.to_string(), text);
         assert_eq!(parse(&q.to_string()).unwrap(), q);
@@ -71,7 +87,10 @@ fn malformed_and_impossible_quotas_say_what_is_wrong() {
     ];
     for (text, needle) in cases {
         let err = parse(text).expect_err(text).to_string();
-        assert!(err.contains(needle), "{text:?}: {err:?} should mention {needle:?}");
+        assert!(
+            err.contains(needle),
+            "{text:?}: {err:?} should mention {needle:?}"
+        );
     }
 }
 
@@ -82,6 +101,9 @@ fn constructors_agree_with_parsing() {
     assert_eq!(Quota::per_second(n), parse("42/s").unwrap());
     assert_eq!(Quota::per_minute(n), parse("42/min").unwrap());
     assert_eq!(Quota::per_hour(n), parse("42/h").unwrap());
-    assert_eq!(Quota::new(42, Duration::from_secs(1)).unwrap(), parse("42/s").unwrap());
+    assert_eq!(
+        Quota::new(42, Duration::from_secs(1)).unwrap(),
+        parse("42/s").unwrap()
+    );
     assert_eq!(Quota::new(1, Duration::ZERO), Err(QuotaError::ZeroPeriod));
 }

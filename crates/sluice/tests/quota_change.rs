@@ -1,6 +1,8 @@
 //! Changing the quota of a live limiter keeps what was consumed (capped at the new capacity).
 
-use sluice::{FixedWindow, ManualClock, Quota, RateLimiter, SlidingWindowCounter, SlidingWindowLog, TokenBucket};
+use sluice::{
+    FixedWindow, ManualClock, Quota, RateLimiter, SlidingWindowCounter, SlidingWindowLog, TokenBucket,
+};
 
 fn quota(text: &str) -> Quota {
     text.parse().unwrap()

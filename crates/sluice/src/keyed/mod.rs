@@ -1,0 +1,610 @@
+//! The keyed limiter: one limit per key (account, API key, IP...), each with its own quota
+//! from a [`QuotaSource`], in bounded memory, without a global lock.
+//!
+//! Keys live in shards (a power of two, several per core), each a read-write lock over a hash
+//! index and a dense vector of entries. Checking a key that is present takes only the shard's
+//! *read* lock and allocates nothing; the limit itself is decided by the algorithm's atomic
+//! state. Inserting a key, applying a fetched quota or evicting takes that one shard's write
+//! lock.
+//!
+//! Memory is bounded by a capacity in entries. When a shard is full, a newcomer makes room by
+//! evicting, from a small sample taken round the shard, an entry that carries no information
+//! (a full bucket, an expired window) or else the least frequently used, but only if the
+//! newcomer has been seen more often than that entry (TinyLFU admission, with a count-min
+//! sketch of recent keys). A flood of one-shot keys therefore cannot push out keys in use; a
+//! refused newcomer is decided on a fresh state and not stored.
+
+mod shard;
+mod sketch;
+mod source;
+
+use std::borrow::Borrow;
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::hash::{BuildHasher, Hash};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use shard::{Compiled, Entry, Eviction, Room, Shard, meta};
+pub use source::{FetchError, FetchResult, FnSource, QuotaSource, StaticQuotas};
+
+use crate::limiter::decide;
+use crate::{Algorithm, CheckError, Clock, Decision, MonotonicClock, Quota, QuotaError};
+
+/// A boxed background task, as handed to a [`Spawner`].
+pub type Task = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// Runs background quota fetches: `Arc::new(|task| { tokio::spawn(task); })`.
+pub type Spawner = Arc<dyn Fn(Task) + Send + Sync>;
+
+type ErrorHook<K> = Arc<dyn Fn(&K, &FetchError) + Send + Sync>;
+type PendingFetch = Pin<Box<dyn Future<Output = FetchResult> + Send>>;
+
+/// Counters of a keyed limiter, read with [`KeyedLimiter::metrics`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeyedMetrics {
+    /// Keys held now.
+    pub entries: u64,
+    /// Entries evicted because they carried no information.
+    pub evicted_idle: u64,
+    /// Entries evicted as the least frequently used of a sample.
+    pub evicted_frequency: u64,
+    /// Newcomers not stored because everyone they could replace was used more.
+    pub refused: u64,
+    /// Quota fetches started.
+    pub fetches: u64,
+    /// Quota fetches that failed (the key kept its last known quota).
+    pub fetch_errors: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    evicted_idle: AtomicU64,
+    evicted_frequency: AtomicU64,
+    refused: AtomicU64,
+    fetches: AtomicU64,
+    fetch_errors: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Builds a [`KeyedLimiter`].
+///
+/// # Example
+/// ```
+/// use sluice::{KeyedLimiter, StaticQuotas, TokenBucket};
+/// let quotas = StaticQuotas::from_iter([("alice".to_string(), "1/s".parse()?)]);
+/// let limiter = KeyedLimiter::builder(TokenBucket, "10/s".parse()?)
+///     .capacity(100_000)
+///     .unknown_key_quota("0/s".parse()?)
+///     .source(quotas)
+///     .build()?;
+/// assert!(limiter.check("alice").is_allowed());
+/// assert!(!limiter.check("alice").is_allowed());
+/// assert!(!limiter.check("mallory").is_allowed());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct KeyedBuilder<K, A, S, C> {
+    algorithm: A,
+    clock: C,
+    source: Option<S>,
+    failsafe: Quota,
+    unknown: Quota,
+    capacity: usize,
+    shards: Option<usize>,
+    refresh: Duration,
+    spawner: Option<Spawner>,
+    on_fetch_error: Option<ErrorHook<K>>,
+}
+
+impl<K, A, S, C> KeyedBuilder<K, A, S, C> {
+    /// The most keys held at once (default 100 000).
+    pub fn capacity(mut self, entries: usize) -> Self {
+        self.capacity = entries.max(1);
+        self
+    }
+
+    /// The number of shards, rounded up to a power of two (default: 16 per core, at most 1024).
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = Some(shards.clamp(1, 1 << 16));
+        self
+    }
+
+    /// The quota of keys the source does not know, and of every key without a source
+    /// (default: deny everything).
+    pub fn unknown_key_quota(mut self, quota: Quota) -> Self {
+        self.unknown = quota;
+        self
+    }
+
+    /// How often a key's quota is fetched again (default 60 s).
+    pub fn refresh_every(mut self, period: Duration) -> Self {
+        self.refresh = period;
+        self
+    }
+
+    /// Runs fetches that do not complete at once (required for such sources).
+    pub fn spawner(mut self, spawner: impl Fn(Task) + Send + Sync + 'static) -> Self {
+        self.spawner = Some(Arc::new(spawner));
+        self
+    }
+
+    /// Called with every failed fetch (the key keeps its last known quota).
+    pub fn on_fetch_error(mut self, hook: impl Fn(&K, &FetchError) + Send + Sync + 'static) -> Self {
+        self.on_fetch_error = Some(Arc::new(hook));
+        self
+    }
+
+    /// Where quotas come from.
+    pub fn source<S2>(self, source: S2) -> KeyedBuilder<K, A, S2, C> {
+        KeyedBuilder {
+            algorithm: self.algorithm,
+            clock: self.clock,
+            source: Some(source),
+            failsafe: self.failsafe,
+            unknown: self.unknown,
+            capacity: self.capacity,
+            shards: self.shards,
+            refresh: self.refresh,
+            spawner: self.spawner,
+            on_fetch_error: self.on_fetch_error,
+        }
+    }
+
+    /// The clock (default [`MonotonicClock`]).
+    pub fn clock<C2>(self, clock: C2) -> KeyedBuilder<K, A, S, C2> {
+        KeyedBuilder {
+            algorithm: self.algorithm,
+            clock,
+            source: self.source,
+            failsafe: self.failsafe,
+            unknown: self.unknown,
+            capacity: self.capacity,
+            shards: self.shards,
+            refresh: self.refresh,
+            spawner: self.spawner,
+            on_fetch_error: self.on_fetch_error,
+        }
+    }
+}
+
+impl<K, A, S, C> KeyedBuilder<K, A, S, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    A: Algorithm,
+    S: QuotaSource<K>,
+    C: Clock + 'static,
+{
+    /// The limiter.
+    ///
+    /// # Errors
+    /// [`QuotaError`] if the algorithm cannot hold the failsafe or unknown-key quota.
+    pub fn build(self) -> Result<KeyedLimiter<K, A, S, C>, QuotaError> {
+        let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
+        let shards = self.shards.unwrap_or(cores * 16).min(1024).next_power_of_two();
+        let per_shard = self.capacity.div_ceil(shards);
+        let mut book = HashMap::new();
+        let failsafe = compile(&self.algorithm, &mut book, self.failsafe)?;
+        let unknown = compile(&self.algorithm, &mut book, self.unknown)?;
+        let refresh_ticks = meta::tick(u64::try_from(self.refresh.as_nanos()).unwrap_or(u64::MAX)).max(1);
+        Ok(KeyedLimiter {
+            inner: Arc::new(Inner {
+                shards: (0..shards).map(|_| RwLock::new(Shard::new(per_shard))).collect(),
+                shard_bits: shards.trailing_zeros(),
+                hasher: foldhash::fast::RandomState::default(),
+                book: Mutex::new(book),
+                failsafe,
+                unknown,
+                refresh_ticks,
+                algorithm: self.algorithm,
+                clock: self.clock,
+                source: self.source,
+                spawner: self.spawner,
+                on_fetch_error: self.on_fetch_error,
+                counters: Counters::default(),
+            }),
+        })
+    }
+}
+
+fn compile<A: Algorithm>(
+    algorithm: &A,
+    book: &mut HashMap<Quota, Arc<Compiled<A>>>,
+    quota: Quota,
+) -> Result<Arc<Compiled<A>>, QuotaError> {
+    if let Some(compiled) = book.get(&quota) {
+        return Ok(Arc::clone(compiled));
+    }
+    let params = algorithm.params(&quota)?;
+    let horizon = algorithm.horizon(&params);
+    let compiled = Arc::new(Compiled {
+        quota,
+        params,
+        horizon,
+    });
+    book.insert(quota, Arc::clone(&compiled));
+    Ok(compiled)
+}
+
+/// Many independent limits by key, each with its own quota, in bounded memory.
+///
+/// Keys of type `K` are looked up by any borrowed form `Q` (`&str` for `String` keys).
+/// Cloning the limiter is cheap and shares it.
+///
+/// **Quotas.** A key seen for the first time asks the [`QuotaSource`]; until the answer
+/// arrives it is governed by the failsafe quota, and requests never wait for it. The quota is
+/// fetched again every refresh period; a failed fetch keeps the last known quota and is
+/// reported to the error hook. A key the source does not know gets the unknown-key quota (0
+/// denies). A changed quota applies to the live state without resetting it, by the same rule
+/// as [`crate::RateLimiter::set_quota`].
+///
+/// # Example
+/// ```
+/// use sluice::{FixedWindow, KeyedLimiter, StaticQuotas};
+/// let limiter = KeyedLimiter::<u64, _>::builder(FixedWindow, "1/s".parse()?)
+///     .unknown_key_quota("2/s".parse()?)
+///     .build()?;
+/// assert!(limiter.check(&7).is_allowed());
+/// assert!(limiter.check(&7).is_allowed());
+/// assert!(!limiter.check(&7).is_allowed());
+/// assert!(limiter.check(&8).is_allowed());
+/// assert_eq!(limiter.metrics().entries, 2);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct KeyedLimiter<K, A: Algorithm, S = StaticQuotas<K>, C = MonotonicClock> {
+    inner: Arc<Inner<K, A, S, C>>,
+}
+
+impl<K, A: Algorithm, S, C> Clone for KeyedLimiter<K, A, S, C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<K, A: Algorithm, S, C> fmt::Debug for KeyedLimiter<K, A, S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedLimiter")
+            .field("algorithm", &self.inner.algorithm.name())
+            .field("shards", &self.inner.shards.len())
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner<K, A: Algorithm, S, C> {
+    algorithm: A,
+    clock: C,
+    shards: Box<[RwLock<Shard<K, A>>]>,
+    shard_bits: u32,
+    hasher: foldhash::fast::RandomState,
+    /// Every quota compiled so far, shared by the keys that have it.
+    book: Mutex<HashMap<Quota, Arc<Compiled<A>>>>,
+    failsafe: Arc<Compiled<A>>,
+    unknown: Arc<Compiled<A>>,
+    refresh_ticks: u64,
+    source: Option<S>,
+    spawner: Option<Spawner>,
+    on_fetch_error: Option<ErrorHook<K>>,
+    counters: Counters,
+}
+
+fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    // Nothing panics while a shard lock is held; a poisoned shard is still consistent.
+    lock.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl<K: Hash + Eq + Send + Sync + 'static, A: Algorithm> KeyedLimiter<K, A> {
+    /// A builder with the given algorithm and failsafe quota (the quota of a key whose own
+    /// quota is still being fetched).
+    pub fn builder(algorithm: A, failsafe: Quota) -> KeyedBuilder<K, A, StaticQuotas<K>, MonotonicClock> {
+        KeyedBuilder {
+            algorithm,
+            clock: MonotonicClock,
+            source: None,
+            failsafe,
+            unknown: Quota::deny_all(),
+            capacity: 100_000,
+            shards: None,
+            refresh: Duration::from_secs(60),
+            spawner: None,
+            on_fetch_error: None,
+        }
+    }
+}
+
+impl<K, A, S, C> KeyedLimiter<K, A, S, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    A: Algorithm,
+    S: QuotaSource<K>,
+    C: Clock + 'static,
+{
+    /// Checks a cost of 1 for `key`.
+    #[inline]
+    pub fn check<Q>(&self, key: &Q) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        match self.check_n(key, 1) {
+            Ok(decision) => decision,
+            Err(CheckError::CostExceedsCapacity { capacity, .. }) => {
+                Decision::denied(capacity, 0, 0, u64::MAX)
+            }
+        }
+    }
+
+    /// Checks `cost` units for `key`, all or nothing (0 peeks), as
+    /// [`crate::RateLimiter::check_n`] does.
+    ///
+    /// # Errors
+    /// [`CheckError::CostExceedsCapacity`] if the key's quota can never admit `cost`.
+    #[inline]
+    pub fn check_n<Q>(&self, key: &Q, cost: u64) -> Result<Decision, CheckError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        let inner = &*self.inner;
+        let hash = inner.hasher.hash_one(key);
+        let shard = inner.shard(hash);
+        {
+            let guard = read(shard);
+            if let Some(i) = guard.find(hash, key) {
+                let entry = &guard.entries[i];
+                let now = inner.clock.now();
+                let since = entry.since_epoch(now);
+                if since <= entry.limit.horizon {
+                    let seen = entry.touch();
+                    let limit = &entry.limit;
+                    let result = decide(
+                        &inner.algorithm,
+                        &limit.quota,
+                        &limit.params,
+                        &entry.state,
+                        since,
+                        cost,
+                    );
+                    if let Some(result) = result {
+                        let refresh = inner.claim_refresh(entry, seen, now);
+                        drop(guard);
+                        if refresh {
+                            self.refresh(key.to_owned().into());
+                        }
+                        return result;
+                    }
+                }
+            }
+        }
+        self.check_slow(hash, key.to_owned().into(), cost)
+    }
+
+    /// Counters: entries held, evictions by reason, refusals, fetches and fetch errors.
+    pub fn metrics(&self) -> KeyedMetrics {
+        let inner = &*self.inner;
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        KeyedMetrics {
+            entries: inner.shards.iter().map(|s| read(s).entries.len() as u64).sum(),
+            evicted_idle: load(&inner.counters.evicted_idle),
+            evicted_frequency: load(&inner.counters.evicted_frequency),
+            refused: load(&inner.counters.refused),
+            fetches: load(&inner.counters.fetches),
+            fetch_errors: load(&inner.counters.fetch_errors),
+        }
+    }
+
+    /// The quota `key` is governed by now, if the key is held.
+    pub fn quota_of<Q>(&self, key: &Q) -> Option<Quota>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.inner.hasher.hash_one(key);
+        let guard = read(self.inner.shard(hash));
+        guard.find(hash, key).map(|i| guard.entries[i].limit.quota)
+    }
+
+    /// Bytes of memory held by the store's tables (excluding what keys own on the heap).
+    pub fn heap_bytes(&self) -> usize {
+        self.inner.shards.iter().map(|s| read(s).heap_bytes()).sum()
+    }
+
+    /// Inserts the key, moves its epoch or finds it inserted meanwhile: under the write lock.
+    #[cold]
+    fn check_slow(&self, hash: u64, key: K, cost: u64) -> Result<Decision, CheckError> {
+        let inner = &*self.inner;
+        let (limit, bits, pending) = inner.first_fetch(&key);
+        let now = inner.clock.now();
+        let mut guard = write(inner.shard(hash));
+        if let Some(i) = guard.find(hash, &key) {
+            let entry = &mut guard.entries[i];
+            if entry.since_epoch(now) > entry.limit.horizon {
+                let same = Arc::clone(&entry.limit);
+                entry.replace_limit(&inner.algorithm, same, now);
+            }
+            return inner.decide_on(entry, now, cost);
+        }
+        let hash_of = |k: &K| inner.hasher.hash_one(k);
+        match guard.make_room(&inner.algorithm, hash, now, hash_of) {
+            Room::Refused => {
+                bump(&inner.counters.refused);
+                drop(guard);
+                let scratch = Entry::new(&inner.algorithm, key, limit, now, bits);
+                inner.decide_on(&scratch, now, cost)
+            }
+            Room::Made(eviction) => {
+                match eviction {
+                    Some(Eviction::Idle) => bump(&inner.counters.evicted_idle),
+                    Some(Eviction::Frequency) => bump(&inner.counters.evicted_frequency),
+                    None => {}
+                }
+                let entry = Entry::new(&inner.algorithm, key.clone(), limit, now, bits | 1);
+                let i = guard.insert(hash, entry, hash_of);
+                let result = inner.decide_on(&guard.entries[i], now, cost);
+                drop(guard);
+                if let Some(fetch) = pending {
+                    self.spawn_fetch(key, fetch);
+                }
+                result
+            }
+        }
+    }
+
+    fn refresh(&self, key: K) {
+        let Some(source) = &self.inner.source else { return };
+        bump(&self.inner.counters.fetches);
+        let mut fetch: PendingFetch = Box::pin(source.fetch(&key));
+        match poll_once(&mut fetch) {
+            Poll::Ready(result) => self.inner.apply(&key, result),
+            Poll::Pending => self.spawn_fetch(key, fetch),
+        }
+    }
+
+    fn spawn_fetch(&self, key: K, fetch: PendingFetch) {
+        let Some(spawn) = &self.inner.spawner else {
+            let error =
+                FetchError::new("the quota source did not answer at once and no spawner is configured");
+            self.inner.apply(&key, Err(error));
+            return;
+        };
+        let inner: Weak<Inner<K, A, S, C>> = Arc::downgrade(&self.inner);
+        let task = Box::pin(async move {
+            let result = fetch.await;
+            if let Some(inner) = inner.upgrade() {
+                inner.apply(&key, result);
+            }
+        });
+        spawn(task);
+    }
+}
+
+fn poll_once<T>(future: &mut Pin<Box<dyn Future<Output = T> + Send>>) -> Poll<T> {
+    future.as_mut().poll(&mut Context::from_waker(Waker::noop()))
+}
+
+impl<K, A, S, C> Inner<K, A, S, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    A: Algorithm,
+    S: QuotaSource<K>,
+    C: Clock + 'static,
+{
+    fn shard(&self, hash: u64) -> &RwLock<Shard<K, A>> {
+        // Shard by a remix of the hash: the table inside uses the hash's own low and top bits.
+        let mixed = hash.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let index = if self.shard_bits == 0 {
+            0
+        } else {
+            (mixed >> (64 - self.shard_bits)) as usize
+        };
+        &self.shards[index]
+    }
+
+    fn decide_on(&self, entry: &Entry<K, A>, now: u64, cost: u64) -> Result<Decision, CheckError> {
+        let limit = &entry.limit;
+        let since = entry.since_epoch(now).min(limit.horizon);
+        // Under the write lock (or on a private entry) the state cannot be retired.
+        decide(
+            &self.algorithm,
+            &limit.quota,
+            &limit.params,
+            &entry.state,
+            since,
+            cost,
+        )
+        .unwrap_or(Ok(Decision::denied(limit.quota.capacity(), 0, 0, 1)))
+    }
+
+    /// Whether this check should start a refresh, claiming it (so only one thread does).
+    fn claim_refresh(&self, entry: &Entry<K, A>, seen: u64, now: u64) -> bool {
+        if self.source.is_none() || seen & meta::FETCHING != 0 {
+            return false;
+        }
+        let age = meta::tick(now).wrapping_sub(meta::fetched_at(seen)) & 0xFFFF_FFFF;
+        age >= self.refresh_ticks
+            && entry
+                .meta
+                .compare_exchange(seen, seen | meta::FETCHING, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    /// The quota a new key starts with, its bookkeeping bits, and the fetch still running.
+    fn first_fetch(&self, key: &K) -> (Arc<Compiled<A>>, u64, Option<PendingFetch>) {
+        let now = self.clock.now();
+        let Some(source) = &self.source else {
+            return (
+                Arc::clone(&self.unknown),
+                meta::with_fetched_at(meta::KNOWN, now),
+                None,
+            );
+        };
+        bump(&self.counters.fetches);
+        let mut fetch: PendingFetch = Box::pin(source.fetch(key));
+        match poll_once(&mut fetch) {
+            Poll::Ready(result) => match self.resolve(result) {
+                Ok(limit) => (limit, meta::with_fetched_at(meta::KNOWN, now), None),
+                Err(error) => {
+                    self.apply_error(key, &error);
+                    (Arc::clone(&self.failsafe), meta::with_fetched_at(0, now), None)
+                }
+            },
+            Poll::Pending => (
+                Arc::clone(&self.failsafe),
+                meta::with_fetched_at(meta::FETCHING, now),
+                Some(fetch),
+            ),
+        }
+    }
+
+    fn resolve(&self, result: FetchResult) -> Result<Arc<Compiled<A>>, FetchError> {
+        match result? {
+            None => Ok(Arc::clone(&self.unknown)),
+            Some(quota) => {
+                let mut book = self.book.lock().unwrap_or_else(PoisonError::into_inner);
+                Ok(compile(&self.algorithm, &mut book, quota)?)
+            }
+        }
+    }
+
+    /// Applies a finished fetch to the key, if it is still held.
+    fn apply(&self, key: &K, result: FetchResult) {
+        let now = self.clock.now();
+        let resolved = self.resolve(result);
+        if let Err(error) = &resolved {
+            self.apply_error(key, error);
+        }
+        let hash = self.hasher.hash_one(key);
+        let mut guard = write(self.shard(hash));
+        let Some(i) = guard.find(hash, key) else { return };
+        let entry = &mut guard.entries[i];
+        let seen = entry.meta.load(Ordering::Relaxed);
+        let mut bits = meta::with_fetched_at(seen & !meta::FETCHING, now);
+        if let Ok(limit) = resolved {
+            bits |= meta::KNOWN;
+            if !Arc::ptr_eq(&limit, &entry.limit) {
+                entry.replace_limit(&self.algorithm, limit, now);
+            }
+        }
+        entry.meta.store(bits, Ordering::Relaxed);
+    }
+
+    fn apply_error(&self, key: &K, error: &FetchError) {
+        bump(&self.counters.fetch_errors);
+        if let Some(hook) = &self.on_fetch_error {
+            hook(key, error);
+        }
+    }
+}

@@ -1,0 +1,232 @@
+//! One shard of the keyed store: a hash index over a dense vector of entries, bounded, with
+//! sampled eviction (idle entries first, then the least frequently used, TinyLFU admission).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use hashbrown::HashTable;
+
+use super::sketch::FrequencySketch;
+use crate::{Algorithm, Quota};
+
+/// A quota compiled once for an algorithm, shared by every key that has it.
+#[derive(Debug)]
+pub(crate) struct Compiled<A: Algorithm> {
+    pub(crate) quota: Quota,
+    pub(crate) params: A::Params,
+    pub(crate) horizon: u64,
+}
+
+/// The packed bookkeeping of an entry: recent-use count (bits 0–7), a fetch in flight (bit 8),
+/// a quota known from the source (bit 9), and when it was last fetched (bits 32–63, in units
+/// of 2^20 ns ≈ 1 ms, wrapping).
+pub(crate) mod meta {
+    pub(crate) const FREQUENCY: u64 = 0xFF;
+    pub(crate) const FETCHING: u64 = 1 << 8;
+    pub(crate) const KNOWN: u64 = 1 << 9;
+    pub(crate) const MAX_FREQUENCY: u64 = 15;
+
+    pub(crate) fn tick(now: u64) -> u64 {
+        (now >> 20) & 0xFFFF_FFFF
+    }
+
+    pub(crate) fn fetched_at(meta: u64) -> u64 {
+        meta >> 32
+    }
+
+    pub(crate) fn with_fetched_at(meta: u64, now: u64) -> u64 {
+        (meta & 0xFFFF_FFFF) | (tick(now) << 32)
+    }
+}
+
+/// One key's limit.
+pub(crate) struct Entry<K, A: Algorithm> {
+    pub(crate) key: K,
+    pub(crate) limit: Arc<Compiled<A>>,
+    /// Clock reading the state's time is relative to.
+    pub(crate) epoch: u64,
+    pub(crate) meta: AtomicU64,
+    pub(crate) state: A::State,
+}
+
+impl<K, A: Algorithm> Entry<K, A> {
+    pub(crate) fn new(algorithm: &A, key: K, limit: Arc<Compiled<A>>, now: u64, meta: u64) -> Self {
+        let state = algorithm.new_state(&limit.params);
+        Self {
+            key,
+            limit,
+            epoch: now,
+            meta: AtomicU64::new(meta),
+            state,
+        }
+    }
+
+    pub(crate) fn since_epoch(&self, now: u64) -> u64 {
+        now.saturating_sub(self.epoch)
+    }
+
+    /// Moves the entry to another quota (or the same with a new epoch), carrying consumption.
+    pub(crate) fn replace_limit(&mut self, algorithm: &A, limit: Arc<Compiled<A>>, now: u64) {
+        let since = self.since_epoch(now).min(self.limit.horizon);
+        let snapshot = algorithm.retire(&self.state);
+        let (shift, state) = algorithm.carry_over(&self.limit.params, snapshot, &limit.params, since);
+        self.state = state;
+        self.epoch += shift;
+        self.limit = limit;
+    }
+
+    /// Counts a use, cheaply: plain stores until the count saturates, then nothing. Returns
+    /// the bookkeeping as it now stands.
+    #[inline]
+    pub(crate) fn touch(&self) -> u64 {
+        let m = self.meta.load(Ordering::Relaxed);
+        if m & meta::FREQUENCY < meta::MAX_FREQUENCY {
+            self.meta.store(m + 1, Ordering::Relaxed);
+            return m + 1;
+        }
+        m
+    }
+
+    fn frequency(&self) -> u64 {
+        self.meta.load(Ordering::Relaxed) & meta::FREQUENCY
+    }
+
+    fn age(&self) {
+        let m = self.meta.load(Ordering::Relaxed);
+        let f = m & meta::FREQUENCY;
+        self.meta
+            .store((m & !meta::FREQUENCY) | (f / 2), Ordering::Relaxed);
+    }
+}
+
+/// Why an entry left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Eviction {
+    /// It carried no information (full bucket, expired window).
+    Idle,
+    /// It was the least frequently used of a sample, and the newcomer was used more.
+    Frequency,
+}
+
+/// What to do with a newcomer when the shard is full.
+pub(crate) enum Room {
+    /// There is room (possibly after evicting someone).
+    Made(Option<Eviction>),
+    /// The newcomer is used less than anyone who would leave: not stored.
+    Refused,
+}
+
+/// How many entries an eviction looks at.
+const SAMPLE: usize = 8;
+
+pub(crate) struct Shard<K, A: Algorithm> {
+    pub(crate) index: HashTable<u32>,
+    pub(crate) entries: Vec<Entry<K, A>>,
+    sketch: FrequencySketch,
+    capacity: usize,
+    hand: usize,
+}
+
+impl<K, A: Algorithm> Shard<K, A> {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            index: HashTable::new(),
+            entries: Vec::new(),
+            sketch: FrequencySketch::new(capacity),
+            capacity,
+            hand: 0,
+        }
+    }
+
+    pub(crate) fn find<Q>(&self, hash: u64, key: &Q) -> Option<usize>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        let entries = &self.entries;
+        self.index
+            .find(hash, |&i| entries[i as usize].key.borrow() == key)
+            .map(|&i| i as usize)
+    }
+
+    /// Makes room for a newcomer with hash `hash`, evicting per the policy if full.
+    pub(crate) fn make_room(
+        &mut self,
+        algorithm: &A,
+        hash: u64,
+        now: u64,
+        hash_of: impl Fn(&K) -> u64,
+    ) -> Room {
+        let newcomer = u64::from(self.sketch.record(hash));
+        if self.entries.len() < self.capacity {
+            return Room::Made(None);
+        }
+        let len = self.entries.len();
+        let mut victim = None::<(usize, u64)>;
+        for step in 0..SAMPLE.min(len) {
+            let i = (self.hand + step) % len;
+            let entry = &self.entries[i];
+            let since = entry.since_epoch(now).min(entry.limit.horizon);
+            if algorithm.is_idle(&entry.limit.params, &entry.state, since) {
+                self.hand = i;
+                self.remove(i, &hash_of);
+                return Room::Made(Some(Eviction::Idle));
+            }
+            let frequency = entry.frequency();
+            if victim.is_none_or(|(_, f)| frequency < f) {
+                victim = Some((i, frequency));
+            }
+        }
+        self.hand = (self.hand + SAMPLE) % len;
+        let Some((i, frequency)) = victim else {
+            return Room::Refused;
+        };
+        if newcomer <= frequency {
+            // Survivors of a sample age, so a once-hot key can leave in time.
+            for step in 0..SAMPLE.min(len) {
+                self.entries[(i + step) % len].age();
+            }
+            return Room::Refused;
+        }
+        self.remove(i, &hash_of);
+        Room::Made(Some(Eviction::Frequency))
+    }
+
+    pub(crate) fn insert(&mut self, hash: u64, entry: Entry<K, A>, hash_of: impl Fn(&K) -> u64) -> usize {
+        if self.entries.len() == self.entries.capacity() {
+            // Grow by a quarter, not double: the vector is most of the memory.
+            let extra = (self.entries.len() / 4)
+                .max(16)
+                .min(self.capacity - self.entries.len().min(self.capacity));
+            self.entries.reserve_exact(extra.max(1));
+        }
+        let i = self.entries.len();
+        self.entries.push(entry);
+        let entries = &self.entries;
+        self.index
+            .insert_unique(hash, i as u32, |&j| hash_of(&entries[j as usize].key));
+        i
+    }
+
+    /// Removes entry `i`, moving the last entry into its place.
+    fn remove(&mut self, i: usize, hash_of: &impl Fn(&K) -> u64) {
+        let hash = hash_of(&self.entries[i].key);
+        if let Ok(found) = self.index.find_entry(hash, |&j| j as usize == i) {
+            found.remove();
+        }
+        let last = self.entries.len() - 1;
+        if i != last {
+            let moved_hash = hash_of(&self.entries[last].key);
+            if let Some(slot) = self.index.find_mut(moved_hash, |&j| j as usize == last) {
+                *slot = i as u32;
+            }
+        }
+        self.entries.swap_remove(i);
+    }
+
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.entries.capacity() * size_of::<Entry<K, A>>()
+            + self.index.capacity() * (size_of::<u32>() + 1)
+            + self.sketch.heap_bytes()
+    }
+}

@@ -1,0 +1,209 @@
+//! The keyed limiter: per-key quotas from a source, failsafe, stale, unknown, refresh,
+//! live quota change, and bounded memory under a flood of keys.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sluice::{
+    FetchError, FetchResult, FnSource, KeyedLimiter, ManualClock, Quota, QuotaSource, StaticQuotas,
+    TokenBucket,
+};
+use tokio::sync::oneshot;
+
+fn quota(text: &str) -> Quota {
+    text.parse().unwrap()
+}
+
+/// A source whose answers the test hands over by hand, one per fetch, in order.
+#[derive(Clone, Default)]
+struct Scripted {
+    answers: Arc<Mutex<Vec<oneshot::Receiver<FetchResult>>>>,
+    asked: Arc<AtomicU64>,
+}
+
+impl Scripted {
+    fn next(&self) -> oneshot::Sender<FetchResult> {
+        let (tx, rx) = oneshot::channel();
+        self.answers.lock().unwrap().push(rx);
+        tx
+    }
+}
+
+impl QuotaSource<String> for Scripted {
+    fn fetch(&self, _key: &String) -> impl Future<Output = FetchResult> + Send + 'static {
+        self.asked.fetch_add(1, Ordering::SeqCst);
+        let rx = self.answers.lock().unwrap().remove(0);
+        async move { rx.await.unwrap_or_else(|_| Err(FetchError::new("dropped"))) }
+    }
+}
+
+async fn settle() {
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test]
+async fn failsafe_until_the_fetch_completes_then_the_fetched_quota() {
+    let clock = ManualClock::new(0);
+    let source = Scripted::default();
+    let answer = source.next();
+    let limiter = KeyedLimiter::builder(TokenBucket, quota("2/s"))
+        .clock(clock.clone())
+        .source(source.clone())
+        .spawner(|task| {
+            tokio::spawn(task);
+        })
+        .build()
+        .unwrap();
+    // Failsafe: 2 at once, while the fetch is in flight.
+    assert_eq!(limiter.check_n("alice", 0).unwrap().limit(), 2);
+    assert!(limiter.check("alice").is_allowed());
+    assert!(limiter.check("alice").is_allowed());
+    assert!(!limiter.check("alice").is_allowed());
+    answer.send(Ok(Some(quota("5/s")))).ok();
+    settle().await;
+    // The fetched quota applies without a reset: 2 consumed of 5.
+    assert_eq!(limiter.quota_of("alice"), Some(quota("5/s")));
+    assert_eq!(limiter.check_n("alice", 0).unwrap().remaining(), 3);
+    assert_eq!(source.asked.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_failed_fetch_keeps_the_stale_quota_and_reports_it() {
+    let clock = ManualClock::new(0);
+    let source = Scripted::default();
+    source.next().send(Ok(Some(quota("5/s")))).ok();
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&errors);
+    let limiter = KeyedLimiter::builder(TokenBucket, quota("1/s"))
+        .clock(clock.clone())
+        .refresh_every(Duration::from_secs(10))
+        .source(source.clone())
+        .spawner(|task| {
+            tokio::spawn(task);
+        })
+        .on_fetch_error(move |key: &String, e| seen.lock().unwrap().push(format!("{key}: {e}")))
+        .build()
+        .unwrap();
+    limiter.check("bob");
+    settle().await;
+    assert_eq!(limiter.quota_of("bob"), Some(quota("5/s")));
+    // Refresh after the period fails: the quota stays, the error is reported and counted.
+    let failure = source.next();
+    clock.advance(Duration::from_secs(11));
+    assert!(limiter.check("bob").is_allowed());
+    failure.send(Err(FetchError::new("accounts service down"))).ok();
+    settle().await;
+    assert_eq!(limiter.quota_of("bob"), Some(quota("5/s")));
+    assert_eq!(errors.lock().unwrap().as_slice(), ["bob: accounts service down"]);
+    assert_eq!(limiter.metrics().fetch_errors, 1);
+    // The next refresh succeeds with a new quota, applied without a reset.
+    let update = source.next();
+    clock.advance(Duration::from_secs(11));
+    limiter.check_n("bob", 3).unwrap();
+    update.send(Ok(Some(quota("10/s")))).ok();
+    settle().await;
+    assert_eq!(limiter.quota_of("bob"), Some(quota("10/s")));
+    assert_eq!(limiter.check_n("bob", 0).unwrap().remaining(), 7);
+    assert_eq!(source.asked.load(Ordering::SeqCst), 3);
+}
+
+#[test]
+fn static_quotas_apply_at_once_and_unknown_keys_get_the_unknown_quota() {
+    let quotas = StaticQuotas::from_iter([
+        ("alice".to_string(), quota("1/s")),
+        ("carol".to_string(), quota("3/s")),
+    ]);
+    let limiter = KeyedLimiter::builder(TokenBucket, quota("100/s"))
+        .clock(ManualClock::new(0))
+        .source(quotas)
+        .build()
+        .unwrap();
+    assert!(limiter.check("alice").is_allowed());
+    assert!(!limiter.check("alice").is_allowed());
+    assert_eq!(limiter.check_n("carol", 3).unwrap().remaining(), 0);
+    let unknown = limiter.check("mallory");
+    assert!(!unknown.is_allowed());
+    assert_eq!(unknown.limit(), 0);
+}
+
+#[test]
+fn a_closure_source_resolving_at_once_needs_no_runtime() {
+    let source = FnSource(|key: &String| {
+        let vip = key.starts_with("vip-");
+        async move {
+            Ok(Some(if vip {
+                "10/s".parse::<Quota>()?
+            } else {
+                "1/s".parse()?
+            }))
+        }
+    });
+    let limiter = KeyedLimiter::builder(TokenBucket, quota("1/s"))
+        .clock(ManualClock::new(0))
+        .source(source)
+        .build()
+        .unwrap();
+    assert_eq!(limiter.check_n("vip-1", 10).unwrap().remaining(), 0);
+    assert!(limiter.check("pleb").is_allowed());
+    assert!(!limiter.check("pleb").is_allowed());
+}
+
+#[test]
+fn a_pending_fetch_without_a_spawner_is_an_error_not_a_hang() {
+    let source = FnSource(|_: &String| std::future::pending::<FetchResult>());
+    let limiter = KeyedLimiter::builder(TokenBucket, quota("1/s"))
+        .clock(ManualClock::new(0))
+        .source(source)
+        .build()
+        .unwrap();
+    assert!(limiter.check("x").is_allowed());
+    assert!(!limiter.check("x").is_allowed());
+    assert_eq!(limiter.metrics().fetch_errors, 1);
+}
+
+/// 10M one-shot keys at capacity 100k while 100 hot keys keep requesting: the store stays
+/// within capacity and every hot key is admitted exactly what its quota allows.
+#[test]
+fn a_flood_of_keys_neither_grows_memory_nor_leaks_admissions() {
+    let clock = ManualClock::new(0);
+    let hot: HashMap<u64, Quota> = (0..100u64).map(|k| (k, quota("100/s burst 10"))).collect();
+    let limiter = KeyedLimiter::builder(TokenBucket, quota("1/s"))
+        .capacity(100_000)
+        .unknown_key_quota(quota("1/s"))
+        .clock(clock.clone())
+        .source(StaticQuotas::from_iter(hot))
+        .build()
+        .unwrap();
+    let mut admitted = [0u64; 100];
+    let mut flood = 1_000u64;
+    let rounds = 10_000u64;
+    for _ in 0..rounds {
+        for _ in 0..1_000 {
+            limiter.check(&flood);
+            flood += 1;
+        }
+        for (k, count) in admitted.iter_mut().enumerate() {
+            for _ in 0..2 {
+                *count += u64::from(limiter.check(&(k as u64)).is_allowed());
+            }
+        }
+        clock.advance(Duration::from_millis(1)); // 0.1 token per hot key per round
+    }
+    let metrics = limiter.metrics();
+    assert!(metrics.entries <= 100_000 + 64, "{metrics:?}");
+    // Burst 10, then 100/s over 10 s of clock: exactly 10 + 999 (the last refill lands after
+    // the last round's checks).
+    let expected = 10 + (rounds - 1) / 10;
+    assert!(
+        admitted.iter().all(|&a| a == expected),
+        "{admitted:?} != {expected}; {metrics:?}"
+    );
+    assert!(
+        metrics.evicted_idle + metrics.evicted_frequency + metrics.refused > 9_000_000,
+        "{metrics:?}"
+    );
+}
