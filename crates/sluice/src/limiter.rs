@@ -1,8 +1,7 @@
 //! A single limit shared by many threads: the direct limiter.
 
-use std::sync::{Arc, Mutex, PoisonError};
-
-use arc_swap::ArcSwap;
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use crate::{Algorithm, CheckError, Clock, Decision, MonotonicClock, Quota, QuotaError};
 
@@ -26,9 +25,13 @@ use crate::{Algorithm, CheckError, Clock, Decision, MonotonicClock, Quota, Quota
 pub struct RateLimiter<A: Algorithm, C: Clock = MonotonicClock> {
     algorithm: A,
     clock: C,
-    limit: ArcSwap<Limit<A>>,
-    /// Serializes quota changes and epoch moves (rare); checks never take it.
-    replacing: Mutex<()>,
+    /// The limit in force; always points into `installed`.
+    current: AtomicPtr<Limit<A>>,
+    /// Every limit ever installed, kept until the limiter drops, because a check may still be
+    /// reading one that was just retired. A quota change or an epoch move (at most every 38
+    /// minutes, and only for rates with a large reduced count) adds one. The mutex also
+    /// serializes replacements; checks never take it.
+    installed: Mutex<Vec<Box<Limit<A>>>>,
 }
 
 /// A quota with its compiled parameters and the state counting against it.
@@ -75,12 +78,12 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
     pub fn with_clock(algorithm: A, quota: Quota, clock: C) -> Result<Self, QuotaError> {
         let params = algorithm.params(&quota)?;
         let state = algorithm.new_state(&params);
-        let limit = Limit::new(&algorithm, quota, params, clock.now(), state);
+        let mut limit = Box::new(Limit::new(&algorithm, quota, params, clock.now(), state));
         Ok(Self {
             algorithm,
             clock,
-            limit: ArcSwap::from_pointee(limit),
-            replacing: Mutex::new(()),
+            current: AtomicPtr::new(&mut *limit),
+            installed: Mutex::new(vec![limit]),
         })
     }
 
@@ -116,10 +119,10 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
     #[inline]
     pub fn check_n(&self, cost: u64) -> Result<Decision, CheckError> {
         loop {
-            let limit = self.limit.load();
+            let limit = self.current();
             let now = self.clock.now();
             if now > limit.last_valid {
-                self.replace(&limit, None, now);
+                self.replace(limit, None, now);
                 continue;
             }
             // A reading older than the epoch (a thread that read the clock just before a
@@ -140,7 +143,14 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
 
     /// The quota in force.
     pub fn quota(&self) -> Quota {
-        self.limit.load().quota
+        self.current().quota
+    }
+
+    fn current(&self) -> &Limit<A> {
+        // SAFETY: `current` always points to a boxed limit owned by `installed`, and boxes
+        // leave `installed` only when the limiter drops, which cannot happen while `&self`
+        // is borrowed. Limits are never mutated except through their atomic state.
+        unsafe { &*self.current.load(Ordering::Acquire) }
     }
 
     /// The algorithm of this limiter.
@@ -166,17 +176,16 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
     /// ```
     pub fn set_quota(&self, quota: Quota) -> Result<(), QuotaError> {
         let params = self.algorithm.params(&quota)?;
-        let current = self.limit.load_full();
-        self.replace(&current, Some((quota, params)), self.clock.now());
+        self.replace(self.current(), Some((quota, params)), self.clock.now());
         Ok(())
     }
 
     /// Retires `seen` and installs its successor, under a new quota or (for `None`) the same
     /// one with the epoch moved to `now`. Does nothing if `seen` was already replaced.
     fn replace(&self, seen: &Limit<A>, new: Option<(Quota, A::Params)>, now: u64) {
-        let _guard = self.replacing.lock().unwrap_or_else(PoisonError::into_inner);
-        let current = self.limit.load_full();
-        if new.is_none() && !std::ptr::eq(Arc::as_ptr(&current), seen) {
+        let mut installed = self.installed.lock().unwrap_or_else(PoisonError::into_inner);
+        let current = self.current();
+        if new.is_none() && !std::ptr::eq(current, seen) {
             return; // another thread moved the epoch already
         }
         let snapshot = self.algorithm.retire(&current.state);
@@ -188,8 +197,15 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
         let (shift, state) = self
             .algorithm
             .carry_over(&current.params, snapshot, &params, since_epoch);
-        let successor = Limit::new(&self.algorithm, quota, params, current.epoch + shift, state);
-        self.limit.store(Arc::new(successor));
+        let mut successor = Box::new(Limit::new(
+            &self.algorithm,
+            quota,
+            params,
+            current.epoch + shift,
+            state,
+        ));
+        self.current.store(&mut *successor, Ordering::Release);
+        installed.push(successor);
     }
 }
 

@@ -107,12 +107,14 @@ impl<K: Hash + Eq + Send + Sync + 'static> QuotaSource<K> for StaticQuotas<K> {
 ///
 /// # Example
 /// ```
-/// use sluice::{FnSource, Quota};
+/// use sluice::{FetchResult, FnSource, KeyedLimiter, Quota, TokenBucket};
 /// let source = FnSource(|key: &String| {
 ///     let vip = key.starts_with("vip-");
-///     async move { Ok(Some(if vip { "100/s".parse::<Quota>()? } else { "1/s".parse()? })) }
+///     async move { FetchResult::Ok(Some(if vip { "100/s".parse::<Quota>()? } else { "1/s".parse()? })) }
 /// });
-/// # let _ = source;
+/// let limiter = KeyedLimiter::builder(TokenBucket, "1/s".parse()?).source(source).build()?;
+/// assert_eq!(limiter.check_n("vip-7", 100)?.remaining(), 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct FnSource<F>(pub F);
