@@ -18,14 +18,33 @@ use std::time::Duration;
 /// assert!(!d.is_allowed());
 /// assert_eq!(d.retry_after(), Duration::from_millis(100));
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy)]
 pub struct Decision {
     allowed: bool,
     limit: u64,
+    /// `remaining × unit`, plus a fraction of a unit.
     remaining: u64,
+    /// The times below, in units of `1/scale` ns.
     reset_after_ns: u64,
     retry_after_ns: u64,
     delay_ns: u64,
+    /// Divisors applied when read, so a check does no division it may not need.
+    unit: u64,
+    scale: u64,
+}
+
+impl PartialEq for Decision {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for Decision {}
+
+impl std::hash::Hash for Decision {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.key().hash(state);
+    }
 }
 
 impl Decision {
@@ -39,6 +58,8 @@ impl Decision {
             reset_after_ns,
             retry_after_ns: 0,
             delay_ns: 0,
+            unit: 1,
+            scale: 1,
         }
     }
 
@@ -52,7 +73,29 @@ impl Decision {
             reset_after_ns,
             retry_after_ns: if retry_after_ns == 0 { 1 } else { retry_after_ns },
             delay_ns: 0,
+            unit: 1,
+            scale: 1,
         }
+    }
+
+    /// A decision whose `remaining` is counted in `unit`ths of a unit and whose times are in
+    /// `1/scale` ns (both at least 1); divided only when read.
+    #[inline]
+    pub(crate) const fn scaled(mut self, unit: u64, scale: u64) -> Self {
+        self.unit = unit;
+        self.scale = scale;
+        self
+    }
+
+    fn key(&self) -> (bool, u64, u64, u64, u64, u64) {
+        (
+            self.allowed,
+            self.limit,
+            self.remaining(),
+            self.reset_after_nanos(),
+            self.retry_after_nanos(),
+            self.delay_nanos(),
+        )
     }
 
     /// The same decision, admitted with a wait of `delay_ns` before the request proceeds.
@@ -73,36 +116,36 @@ impl Decision {
 
     /// Units that could still be admitted right now, after this decision.
     pub const fn remaining(&self) -> u64 {
-        self.remaining
+        self.remaining / self.unit
     }
 
     /// Time until the limit is back to full capacity.
     pub const fn reset_after(&self) -> Duration {
-        Duration::from_nanos(self.reset_after_ns)
+        Duration::from_nanos(self.reset_after_nanos())
     }
 
     /// Time until this cost could be admitted: zero if allowed, never zero if denied.
     pub const fn retry_after(&self) -> Duration {
-        Duration::from_nanos(self.retry_after_ns)
+        Duration::from_nanos(self.retry_after_nanos())
     }
 
     /// For a shaper: how long an admitted request waits before it proceeds.
     pub const fn delay(&self) -> Duration {
-        Duration::from_nanos(self.delay_ns)
+        Duration::from_nanos(self.delay_nanos())
     }
 
     /// [`Self::reset_after`] in nanoseconds.
     pub const fn reset_after_nanos(&self) -> u64 {
-        self.reset_after_ns
+        self.reset_after_ns.div_ceil(self.scale)
     }
 
     /// [`Self::retry_after`] in nanoseconds.
     pub const fn retry_after_nanos(&self) -> u64 {
-        self.retry_after_ns
+        self.retry_after_ns.div_ceil(self.scale)
     }
 
     /// [`Self::delay`] in nanoseconds.
     pub const fn delay_nanos(&self) -> u64 {
-        self.delay_ns
+        self.delay_ns.div_ceil(self.scale)
     }
 }

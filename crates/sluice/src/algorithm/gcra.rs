@@ -8,7 +8,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{RETIRED, SCALED_LIMIT, ceil_div};
+use super::{RETIRED, SCALED_LIMIT};
 use crate::{Decision, Quota, QuotaError};
 
 /// Constants of one GCRA limit.
@@ -53,8 +53,9 @@ impl GcraParams {
         SCALED_LIMIT / self.c
     }
 
-    fn remaining(&self, ahead: u64) -> u64 {
-        self.tau.saturating_sub(ahead) / self.p
+    /// Room left, in units of `1/p` of a unit of cost (divided when read).
+    fn room(&self, ahead: u64) -> u64 {
+        self.tau.saturating_sub(ahead)
     }
 }
 
@@ -75,21 +76,14 @@ pub(crate) fn check(params: &GcraParams, state: &GcraState, now: u64, cost: u64)
         let new_ahead = ahead + cost_len;
         let over = new_ahead.saturating_sub(params.tau);
         if over > params.max_delay {
-            let retry = ceil_div(over - params.max_delay, params.c);
-            return Some(Decision::denied(
-                params.capacity,
-                params.remaining(ahead),
-                ceil_div(ahead, params.c),
-                retry,
-            ));
+            let retry = over - params.max_delay;
+            let denied = Decision::denied(params.capacity, params.room(ahead), ahead, retry);
+            return Some(denied.scaled(params.p, params.c));
         }
         let allowed = |ahead| {
-            Decision::allowed(
-                params.capacity,
-                params.remaining(ahead),
-                ceil_div(ahead, params.c),
-            )
-            .with_delay(ceil_div(over, params.c))
+            Decision::allowed(params.capacity, params.room(ahead), ahead)
+                .with_delay(over)
+                .scaled(params.p, params.c)
         };
         if cost == 0 {
             return Some(allowed(ahead));

@@ -89,12 +89,6 @@ pub trait Algorithm: Send + Sync + 'static {
     fn is_idle(&self, params: &Self::Params, state: &Self::State, now: u64) -> bool;
 }
 
-/// `a / b` rounded up, with `b == 1` (the common case) free of a division.
-#[inline]
-pub(crate) fn ceil_div(a: u64, b: u64) -> u64 {
-    if b == 1 { a } else { a.div_ceil(b) }
-}
-
 /// Marks a retired single-word state. Live states stay below 2^62, so this never collides.
 pub(crate) const RETIRED: u64 = u64::MAX;
 
