@@ -1,0 +1,260 @@
+//! The cost of one check on a keyed limiter, with governor's keyed limiter
+//! (`governor::RateLimiter::keyed`, a `DashMap` of GCRA states) as the reference.
+//!
+//! Run with `cargo bench -p sluice --bench keyed` (add a filter such as `hot_1k` to run one
+//! group). Benchmark ids are `group/implementation` (`two_threads/implementation/threads`).
+//!
+//! Both sides use a token bucket (GCRA) of `1e9/s`, burst 1 000 000, on their default real
+//! clocks (sluice: std `Instant`; governor: quanta; `direct`'s `clock/*` group compares the
+//! two), so no check is ever denied: every check is an admitted check that writes its key's
+//! state. Keys are `u64`. Each side keeps its default hasher (sluice: foldhash; governor: std's
+//! SipHash `RandomState`); that is part of what is compared.
+//!
+//! Groups:
+//! - `hot_1k`: 1000 keys, cycled in order; all present after the first round.
+//! - `random_1m`: 1 000 000 keys, all inserted before measuring, then chosen uniformly at
+//!   random by an inline xorshift (the same sequence on both sides). sluice's capacity is
+//!   2 000 000: with exactly 1 000 000 the uneven fill of its shards would evict some keys.
+//! - `new_key`: a key never seen before on every check. sluice has capacity 100 000, so once
+//!   full every check also evicts (here always an idle entry: at `1e9/s` a used bucket is full
+//!   again within a microsecond). governor's map grows without bound, so it calls
+//!   `retain_recent` every 100 000 checks (dropping every key whose state is back to fresh,
+//!   here all of them); the sweep's cost is inside the measurement, spread over those checks,
+//!   and keeps its map between 0 and 100 000 keys (sluice's stays at 100 000).
+//! - `two_threads`: throughput of 1 thread and of 2 threads, each thread cycling its own 1000
+//!   keys (disjoint between threads, all present). Timed with `iter_custom` around a
+//!   `std::thread::scope` (spawn and join included, the same on both sides); the time reported
+//!   is wall time divided by the total number of checks, so perfect scaling halves it from
+//!   `/1` to `/2`.
+//!
+//! Before measuring, every case is run 1000 times and asserted to admit.
+
+use std::num::NonZeroU32;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, BenchmarkId, Criterion, black_box, criterion_group, criterion_main};
+use sluice::{KeyedLimiter, Quota, TokenBucket};
+
+/// The limit of every key: never exhausted by a benchmark loop.
+const RATE: u32 = 1_000_000_000;
+const BURST: u32 = 1_000_000;
+const SLUICE_QUOTA: &str = "1000000000/s burst 1000000";
+
+const HOT_KEYS: u64 = 1000;
+const RANDOM_KEYS: u64 = 1_000_000;
+const NEW_KEY_CAPACITY: usize = 100_000;
+/// governor sweeps its map (`retain_recent`) once per this many new keys.
+const GOVERNOR_RETAIN_EVERY: u64 = 100_000;
+/// Where thread `t`'s keys start in `two_threads`: `t * THREAD_KEY_STRIDE`.
+const THREAD_KEY_STRIDE: u64 = 1 << 32;
+
+type Group<'a> = BenchmarkGroup<'a, WallTime>;
+type Sluice = KeyedLimiter<u64, TokenBucket>;
+type Governor = governor::DefaultKeyedRateLimiter<u64>;
+
+fn sluice(capacity: usize) -> Sluice {
+    let quota: Quota = SLUICE_QUOTA.parse().expect("valid quota");
+    KeyedLimiter::builder(TokenBucket, quota)
+        .capacity(capacity)
+        .unknown_key_quota(quota)
+        .build()
+        .expect("valid quota")
+}
+
+fn governor() -> Governor {
+    let quota = governor::Quota::per_second(nonzero(RATE)).allow_burst(nonzero(BURST));
+    governor::RateLimiter::keyed(quota)
+}
+
+fn nonzero(n: u32) -> NonZeroU32 {
+    NonZeroU32::new(n).expect("rates are positive")
+}
+
+fn sluice_check(limiter: &Sluice, key: u64) -> bool {
+    black_box(black_box(limiter).check(&black_box(key))).is_allowed()
+}
+
+fn governor_check(limiter: &Governor, key: u64) -> bool {
+    black_box(black_box(limiter).check_key(&black_box(key))).is_ok()
+}
+
+/// Benchmarks `check` as `group/who`, after asserting that it admits.
+fn bench_check(group: &mut Group, who: &str, mut check: impl FnMut() -> bool) {
+    for _ in 0..1000 {
+        assert!(check(), "{who} denies");
+    }
+    group.bench_function(who, |b| b.iter(&mut check));
+}
+
+/// `0, 1, ..., n - 1, 0, 1, ...` without a division.
+struct Cycle {
+    next: u64,
+    n: u64,
+}
+
+impl Cycle {
+    fn new(n: u64) -> Self {
+        Self { next: 0, n }
+    }
+
+    fn next(&mut self) -> u64 {
+        let key = self.next;
+        self.next += 1;
+        if self.next == self.n {
+            self.next = 0;
+        }
+        key
+    }
+}
+
+/// Uniform keys in `0..n` from xorshift64 (fixed seed, so both sides see the same sequence).
+struct Random {
+    state: u64,
+    n: u64,
+}
+
+impl Random {
+    fn new(n: u64) -> Self {
+        Self {
+            state: 0x9E37_79B9_7F4A_7C15,
+            n,
+        }
+    }
+
+    fn next(&mut self) -> u64 {
+        let mut x = self.state;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.state = x;
+        // The top 32 bits scaled to 0..n (n < 2^32), without a division.
+        ((x >> 32) * self.n) >> 32
+    }
+}
+
+fn hot_1k(c: &mut Criterion) {
+    let mut group = c.benchmark_group("hot_1k");
+    let limiter = sluice(NEW_KEY_CAPACITY);
+    let mut keys = Cycle::new(HOT_KEYS);
+    bench_check(&mut group, "sluice", || sluice_check(&limiter, keys.next()));
+    let reference = governor();
+    let mut keys = Cycle::new(HOT_KEYS);
+    bench_check(&mut group, "governor", || governor_check(&reference, keys.next()));
+    group.finish();
+}
+
+fn random_1m(c: &mut Criterion) {
+    let mut group = c.benchmark_group("random_1m");
+
+    let limiter = sluice(2 * RANDOM_KEYS as usize);
+    for key in 0..RANDOM_KEYS {
+        assert!(limiter.check(&key).is_allowed());
+    }
+    assert_eq!(limiter.metrics().entries, RANDOM_KEYS, "sluice holds every key");
+    let mut keys = Random::new(RANDOM_KEYS);
+    bench_check(&mut group, "sluice", || sluice_check(&limiter, keys.next()));
+    drop(limiter);
+
+    let reference = governor();
+    for key in 0..RANDOM_KEYS {
+        assert!(reference.check_key(&key).is_ok());
+    }
+    assert_eq!(reference.len(), RANDOM_KEYS as usize, "governor holds every key");
+    let mut keys = Random::new(RANDOM_KEYS);
+    bench_check(&mut group, "governor", || governor_check(&reference, keys.next()));
+    group.finish();
+}
+
+fn new_key(c: &mut Criterion) {
+    let mut group = c.benchmark_group("new_key");
+
+    // Capacity 100 000: once full, every new key evicts one (an idle one, see the top).
+    let limiter = sluice(NEW_KEY_CAPACITY);
+    for key in 0..2 * NEW_KEY_CAPACITY as u64 {
+        assert!(limiter.check(&key).is_allowed());
+    }
+    let mut next = 2 * NEW_KEY_CAPACITY as u64;
+    bench_check(&mut group, "sluice", || {
+        next += 1;
+        sluice_check(&limiter, next)
+    });
+    let metrics = limiter.metrics();
+    assert!(
+        metrics.entries <= NEW_KEY_CAPACITY as u64 && metrics.evicted_idle > 0,
+        "sluice stays bounded by evicting: {metrics:?}"
+    );
+    drop(limiter);
+
+    // Unbounded map: swept every 100 000 new keys, the sweep inside the measurement.
+    let reference = governor();
+    let mut next = 0u64;
+    bench_check(&mut group, "governor", || {
+        next += 1;
+        if next % GOVERNOR_RETAIN_EVERY == 0 {
+            reference.retain_recent();
+        }
+        governor_check(&reference, next)
+    });
+    assert!(
+        reference.len() <= GOVERNOR_RETAIN_EVERY as usize,
+        "governor's sweep keeps it bounded"
+    );
+    group.finish();
+}
+
+/// `two_threads/who/threads`: `threads` threads, each checking its own [`HOT_KEYS`] keys.
+fn bench_threads(group: &mut Group, who: &str, threads: u64, check: impl Fn(u64) -> bool + Sync) {
+    let check = &check;
+    for t in 0..threads {
+        for key in 0..HOT_KEYS {
+            assert!(check(t * THREAD_KEY_STRIDE + key), "{who} denies");
+        }
+    }
+    group.bench_function(BenchmarkId::new(who, threads), |b| {
+        b.iter_custom(|iters| {
+            let start = Instant::now();
+            thread::scope(|scope| {
+                for t in 0..threads {
+                    scope.spawn(move || {
+                        let base = t * THREAD_KEY_STRIDE;
+                        let mut keys = Cycle::new(HOT_KEYS);
+                        for _ in 0..iters {
+                            check(base + keys.next());
+                        }
+                    });
+                }
+            });
+            // Per check: `threads * iters` checks were made in this wall time.
+            start.elapsed() / threads as u32
+        });
+    });
+}
+
+fn two_threads(c: &mut Criterion) {
+    let mut group = c.benchmark_group("two_threads");
+    let limiter = sluice(NEW_KEY_CAPACITY);
+    let reference = governor();
+    for threads in [1, 2] {
+        bench_threads(&mut group, "sluice", threads, |key| sluice_check(&limiter, key));
+        bench_threads(&mut group, "governor", threads, |key| {
+            governor_check(&reference, key)
+        });
+    }
+    group.finish();
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(30)
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = hot_1k, random_1m, new_key, two_threads
+}
+criterion_main!(benches);
