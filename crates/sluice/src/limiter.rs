@@ -90,13 +90,7 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
     /// Checks a cost of 1 and consumes it if allowed.
     #[inline]
     pub fn check(&self) -> Decision {
-        match self.check_n(1) {
-            Ok(decision) => decision,
-            // Only a deny-all quota has capacity 0, and that is answered before this error.
-            Err(CheckError::CostExceedsCapacity { capacity, .. }) => {
-                Decision::denied(capacity, 0, 0, u64::MAX)
-            }
-        }
+        unit_decision(self.check_n(1))
     }
 
     /// Checks a cost of `cost` units, all or nothing. A cost of 0 peeks: it reports the
@@ -237,4 +231,14 @@ pub(crate) fn decide<A: Algorithm>(
         return Some(Err(CheckError::CostExceedsCapacity { cost, capacity }));
     }
     algorithm.check(params, state, since_epoch, cost).map(Ok)
+}
+
+/// The decision of a cost-1 check. A cost of 1 exceeds only a capacity of 0, which `decide`
+/// answers as a denial before this error can arise; it maps to the same denial regardless.
+#[inline]
+pub(crate) fn unit_decision(result: Result<Decision, CheckError>) -> Decision {
+    match result {
+        Ok(decision) => decision,
+        Err(CheckError::CostExceedsCapacity { capacity, .. }) => Decision::denied(capacity, 0, 0, u64::MAX),
+    }
 }

@@ -32,7 +32,7 @@ use std::time::Duration;
 use shard::{Compiled, Entry, Eviction, Room, Shard, meta};
 pub use source::{FetchError, FetchResult, FnSource, QuotaSource, StaticQuotas};
 
-use crate::limiter::decide;
+use crate::limiter::{decide, unit_decision};
 use crate::{Algorithm, CheckError, Clock, Decision, MonotonicClock, Quota, QuotaError};
 
 /// A boxed background task, as handed to a [`Spawner`].
@@ -338,12 +338,7 @@ where
         Q: Hash + Eq + ToOwned + ?Sized,
         Q::Owned: Into<K>,
     {
-        match self.check_n(key, 1) {
-            Ok(decision) => decision,
-            Err(CheckError::CostExceedsCapacity { capacity, .. }) => {
-                Decision::denied(capacity, 0, 0, u64::MAX)
-            }
-        }
+        unit_decision(self.check_n(key, 1))
     }
 
     /// Checks `cost` units for `key`, all or nothing (0 peeks), as
@@ -426,8 +421,8 @@ where
     #[cold]
     fn check_slow(&self, hash: u64, key: K, cost: u64) -> Result<Decision, CheckError> {
         let inner = &*self.inner;
-        let (limit, bits, pending) = inner.first_fetch(&key);
         let now = inner.clock.now();
+        let (limit, bits, pending) = inner.first_fetch(&key, now);
         let mut guard = write(inner.shard(hash));
         if let Some(i) = guard.find(hash, &key) {
             let entry = &mut guard.entries[i];
@@ -542,8 +537,7 @@ where
     }
 
     /// The quota a new key starts with, its bookkeeping bits, and the fetch still running.
-    fn first_fetch(&self, key: &K) -> (Arc<Compiled<A>>, u64, Option<PendingFetch>) {
-        let now = self.clock.now();
+    fn first_fetch(&self, key: &K, now: u64) -> (Arc<Compiled<A>>, u64, Option<PendingFetch>) {
         let Some(source) = &self.source else {
             return (
                 Arc::clone(&self.unknown),
