@@ -11,6 +11,9 @@
 //!   alone). The sliding window counter is advanced by two intervals: at exactly the limit its
 //!   estimate denies some checks.
 //! - `*/denied`: the same limit, exhausted, with the clock frozen: every check is denied.
+//! - `token_bucket/admitted`: the check alone, without a clock advance: a `10/s` limit with a
+//!   burst of [`HUGE_BURST`] on a frozen clock, so every check is admitted and writes its
+//!   state (no benchmark run comes near exhausting the burst).
 //! - `leaky_bucket_shaper/delayed`: the shaper's queue is full and the clock advances by one
 //!   interval per check, so every check is admitted with the maximum delay.
 //! - `clock/*`: the real clocks. `check_allowed` is an admitted check of a `1e9/s` limit
@@ -33,6 +36,9 @@ use sluice::{
 
 /// The limit of every manual-clock case: 10/s, burst 10.
 const RATE: u32 = 10;
+/// The burst of the `admitted` cases: governor's largest (a `u32`), far more checks than a run
+/// makes.
+const HUGE_BURST: u32 = u32::MAX;
 /// One emission interval of [`RATE`].
 const INTERVAL: Duration = Duration::from_millis(100);
 /// A rate no benchmark loop can exhaust on a real clock: one unit per nanosecond.
@@ -118,6 +124,19 @@ fn token_bucket(c: &mut Criterion) {
     let mut group = c.benchmark_group("token_bucket");
     sluice_cases(&mut group, TokenBucket, INTERVAL);
     governor_cases(&mut group);
+
+    let quota = sluice_quota(RATE)
+        .with_capacity(u64::from(HUGE_BURST))
+        .expect("valid burst");
+    let limiter = RateLimiter::with_clock(TokenBucket, quota, ManualClock::new(0)).expect("valid quota");
+    bench_check(&mut group, "admitted", "sluice", true, || {
+        black_box(black_box(&limiter).check()).is_allowed()
+    });
+    let quota = governor_quota(RATE).allow_burst(nonzero(HUGE_BURST));
+    let reference = governor::RateLimiter::direct_with_clock(quota, FakeRelativeClock::default());
+    bench_check(&mut group, "admitted", "governor", true, || {
+        black_box(black_box(&reference).check()).is_ok()
+    });
     group.finish();
 }
 

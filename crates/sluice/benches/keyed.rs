@@ -4,10 +4,14 @@
 //! Run with `cargo bench -p sluice --bench keyed` (add a filter such as `hot_1k` to run one
 //! group). Benchmark ids are `group/implementation` (`two_threads/implementation/threads`).
 //!
-//! Both sides use a token bucket (GCRA) of `1e9/s`, burst 1 000 000, on their default real
-//! clocks (sluice: std `Instant`; governor: quanta; `direct`'s `clock/*` group compares the
-//! two), so no check is ever denied: every check is an admitted check that writes its key's
-//! state. Keys are `u64`. Each side keeps its default hasher (sluice: foldhash; governor: std's
+//! Both sides use a token bucket (GCRA) of `1e9/s`, burst 1 000 000, so no check is ever
+//! denied: every check is an admitted check that writes its key's state. Every group runs
+//! twice: on each side's default real clock (ids `sluice` and `governor`; sluice: std
+//! `Instant`; governor: quanta; `direct`'s `clock/*` group compares the two), and on each
+//! side's manual clock (ids `sluice_manual_clock` and `governor_fake_clock`), which leaves the
+//! store's own cost, whatever the clock costs on the machine. In `new_key` the manual clocks
+//! advance by 1 µs per check (inside the measurement on both sides), so used buckets are full
+//! again as they are on a real clock. Keys are `u64`. Each side keeps its default hasher (sluice: foldhash; governor: std's
 //! SipHash `RandomState`); that is part of what is compared.
 //!
 //! Groups:
@@ -35,7 +39,10 @@ use std::time::{Duration, Instant};
 
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, BenchmarkId, Criterion, black_box, criterion_group, criterion_main};
-use sluice::{KeyedLimiter, Quota, TokenBucket};
+use governor::clock::{DefaultClock, FakeRelativeClock};
+use governor::middleware::NoOpMiddleware;
+use governor::state::keyed::DashMapStateStore;
+use sluice::{KeyedLimiter, ManualClock, MonotonicClock, Quota, StaticQuotas, TokenBucket};
 
 /// The limit of every key: never exhausted by a benchmark loop.
 const RATE: u32 = 1_000_000_000;
@@ -51,32 +58,49 @@ const GOVERNOR_RETAIN_EVERY: u64 = 100_000;
 const THREAD_KEY_STRIDE: u64 = 1 << 32;
 
 type Group<'a> = BenchmarkGroup<'a, WallTime>;
-type Sluice = KeyedLimiter<u64, TokenBucket>;
-type Governor = governor::DefaultKeyedRateLimiter<u64>;
+/// The manual clocks' step per check in `new_key`.
+const NEW_KEY_STEP: Duration = Duration::from_micros(1);
 
-fn sluice(capacity: usize) -> Sluice {
+type Sluice<C = MonotonicClock> = KeyedLimiter<u64, TokenBucket, StaticQuotas<u64>, C>;
+type Governor<C = DefaultClock> = governor::RateLimiter<
+    u64,
+    DashMapStateStore<u64>,
+    C,
+    NoOpMiddleware<<C as governor::clock::Clock>::Instant>,
+>;
+
+fn sluice_on<C: sluice::Clock + 'static>(capacity: usize, clock: C) -> Sluice<C> {
     let quota: Quota = SLUICE_QUOTA.parse().expect("valid quota");
     KeyedLimiter::builder(TokenBucket, quota)
         .capacity(capacity)
         .unknown_key_quota(quota)
+        .clock(clock)
         .build()
         .expect("valid quota")
 }
 
-fn governor() -> Governor {
+fn sluice(capacity: usize) -> Sluice {
+    sluice_on(capacity, MonotonicClock)
+}
+
+fn governor_on<C: governor::clock::Clock>(clock: C) -> Governor<C> {
     let quota = governor::Quota::per_second(nonzero(RATE)).allow_burst(nonzero(BURST));
-    governor::RateLimiter::keyed(quota)
+    governor::RateLimiter::dashmap_with_clock(quota, clock)
+}
+
+fn governor() -> Governor {
+    governor_on(DefaultClock::default())
 }
 
 fn nonzero(n: u32) -> NonZeroU32 {
     NonZeroU32::new(n).expect("rates are positive")
 }
 
-fn sluice_check(limiter: &Sluice, key: u64) -> bool {
+fn sluice_check<C: sluice::Clock + 'static>(limiter: &Sluice<C>, key: u64) -> bool {
     black_box(black_box(limiter).check(&black_box(key))).is_allowed()
 }
 
-fn governor_check(limiter: &Governor, key: u64) -> bool {
+fn governor_check<C: governor::clock::Clock>(limiter: &Governor<C>, key: u64) -> bool {
     black_box(black_box(limiter).check_key(&black_box(key))).is_ok()
 }
 
@@ -134,50 +158,96 @@ impl Random {
     }
 }
 
+/// Advances a manual clock by [`NEW_KEY_STEP`] (the real clocks advance by themselves).
+trait Step {
+    fn step(&self) {}
+}
+
+impl Step for MonotonicClock {}
+impl Step for DefaultClock {}
+
+impl Step for ManualClock {
+    fn step(&self) {
+        self.advance(NEW_KEY_STEP);
+    }
+}
+
+impl Step for FakeRelativeClock {
+    fn step(&self) {
+        self.advance(NEW_KEY_STEP);
+    }
+}
+
 fn hot_1k(c: &mut Criterion) {
     let mut group = c.benchmark_group("hot_1k");
-    let limiter = sluice(NEW_KEY_CAPACITY);
-    let mut keys = Cycle::new(HOT_KEYS);
-    bench_check(&mut group, "sluice", || sluice_check(&limiter, keys.next()));
-    let reference = governor();
-    let mut keys = Cycle::new(HOT_KEYS);
-    bench_check(&mut group, "governor", || governor_check(&reference, keys.next()));
+    hot_1k_sluice(&mut group, "sluice", MonotonicClock);
+    hot_1k_governor(&mut group, "governor", DefaultClock::default());
+    hot_1k_sluice(&mut group, "sluice_manual_clock", ManualClock::new(0));
+    hot_1k_governor(&mut group, "governor_fake_clock", FakeRelativeClock::default());
     group.finish();
+}
+
+fn hot_1k_sluice<C: sluice::Clock + 'static>(group: &mut Group, who: &str, clock: C) {
+    let limiter = sluice_on(NEW_KEY_CAPACITY, clock);
+    let mut keys = Cycle::new(HOT_KEYS);
+    bench_check(group, who, || sluice_check(&limiter, keys.next()));
+}
+
+fn hot_1k_governor<C: governor::clock::Clock>(group: &mut Group, who: &str, clock: C) {
+    let reference = governor_on(clock);
+    let mut keys = Cycle::new(HOT_KEYS);
+    bench_check(group, who, || governor_check(&reference, keys.next()));
 }
 
 fn random_1m(c: &mut Criterion) {
     let mut group = c.benchmark_group("random_1m");
+    random_1m_sluice(&mut group, "sluice", MonotonicClock);
+    random_1m_governor(&mut group, "governor", DefaultClock::default());
+    random_1m_sluice(&mut group, "sluice_manual_clock", ManualClock::new(0));
+    random_1m_governor(&mut group, "governor_fake_clock", FakeRelativeClock::default());
+    group.finish();
+}
 
-    let limiter = sluice(2 * RANDOM_KEYS as usize);
+fn random_1m_sluice<C: sluice::Clock + 'static>(group: &mut Group, who: &str, clock: C) {
+    let limiter = sluice_on(2 * RANDOM_KEYS as usize, clock);
     for key in 0..RANDOM_KEYS {
         assert!(limiter.check(&key).is_allowed());
     }
     assert_eq!(limiter.metrics().entries, RANDOM_KEYS, "sluice holds every key");
     let mut keys = Random::new(RANDOM_KEYS);
-    bench_check(&mut group, "sluice", || sluice_check(&limiter, keys.next()));
-    drop(limiter);
+    bench_check(group, who, || sluice_check(&limiter, keys.next()));
+}
 
-    let reference = governor();
+fn random_1m_governor<C: governor::clock::Clock>(group: &mut Group, who: &str, clock: C) {
+    let reference = governor_on(clock);
     for key in 0..RANDOM_KEYS {
         assert!(reference.check_key(&key).is_ok());
     }
     assert_eq!(reference.len(), RANDOM_KEYS as usize, "governor holds every key");
     let mut keys = Random::new(RANDOM_KEYS);
-    bench_check(&mut group, "governor", || governor_check(&reference, keys.next()));
-    group.finish();
+    bench_check(group, who, || governor_check(&reference, keys.next()));
 }
 
 fn new_key(c: &mut Criterion) {
     let mut group = c.benchmark_group("new_key");
+    new_key_sluice(&mut group, "sluice", MonotonicClock);
+    new_key_governor(&mut group, "governor", DefaultClock::default());
+    new_key_sluice(&mut group, "sluice_manual_clock", ManualClock::new(0));
+    new_key_governor(&mut group, "governor_fake_clock", FakeRelativeClock::default());
+    group.finish();
+}
 
+fn new_key_sluice<C: sluice::Clock + Step + Clone + 'static>(group: &mut Group, who: &str, clock: C) {
     // Capacity 100 000: once full, every new key evicts one (an idle one, see the top).
-    let limiter = sluice(NEW_KEY_CAPACITY);
+    let limiter = sluice_on(NEW_KEY_CAPACITY, clock.clone());
     for key in 0..2 * NEW_KEY_CAPACITY as u64 {
+        clock.step();
         assert!(limiter.check(&key).is_allowed());
     }
     let mut next = 2 * NEW_KEY_CAPACITY as u64;
-    bench_check(&mut group, "sluice", || {
+    bench_check(group, who, || {
         next += 1;
+        clock.step();
         sluice_check(&limiter, next)
     });
     let metrics = limiter.metrics();
@@ -185,13 +255,15 @@ fn new_key(c: &mut Criterion) {
         metrics.entries <= NEW_KEY_CAPACITY as u64 && metrics.evicted_idle > 0,
         "sluice stays bounded by evicting: {metrics:?}"
     );
-    drop(limiter);
+}
 
+fn new_key_governor<C: governor::clock::Clock + Step + Clone>(group: &mut Group, who: &str, clock: C) {
     // Unbounded map: swept every 100 000 new keys, the sweep inside the measurement.
-    let reference = governor();
+    let reference = governor_on(clock.clone());
     let mut next = 0u64;
-    bench_check(&mut group, "governor", || {
+    bench_check(group, who, || {
         next += 1;
+        clock.step();
         if next % GOVERNOR_RETAIN_EVERY == 0 {
             reference.retain_recent();
         }
@@ -201,7 +273,6 @@ fn new_key(c: &mut Criterion) {
         reference.len() <= GOVERNOR_RETAIN_EVERY as usize,
         "governor's sweep keeps it bounded"
     );
-    group.finish();
 }
 
 /// `two_threads/who/threads`: `threads` threads, each checking its own [`HOT_KEYS`] keys.
@@ -236,10 +307,18 @@ fn two_threads(c: &mut Criterion) {
     let mut group = c.benchmark_group("two_threads");
     let limiter = sluice(NEW_KEY_CAPACITY);
     let reference = governor();
+    let manual = sluice_on(NEW_KEY_CAPACITY, ManualClock::new(0));
+    let fake = governor_on(FakeRelativeClock::default());
     for threads in [1, 2] {
         bench_threads(&mut group, "sluice", threads, |key| sluice_check(&limiter, key));
         bench_threads(&mut group, "governor", threads, |key| {
             governor_check(&reference, key)
+        });
+        bench_threads(&mut group, "sluice_manual_clock", threads, |key| {
+            sluice_check(&manual, key)
+        });
+        bench_threads(&mut group, "governor_fake_clock", threads, |key| {
+            governor_check(&fake, key)
         });
     }
     group.finish();

@@ -74,6 +74,7 @@ impl Algorithm for FixedWindow {
         FixedWindowState::default()
     }
 
+    #[inline]
     fn check(
         &self,
         params: &WindowParams,

@@ -63,6 +63,7 @@ impl GcraParams {
 #[derive(Debug, Default)]
 pub struct GcraState(AtomicU64);
 
+#[inline]
 pub(crate) fn check(params: &GcraParams, state: &GcraState, now: u64, cost: u64) -> Option<Decision> {
     let t = now * params.c;
     let cost_len = cost * params.p;

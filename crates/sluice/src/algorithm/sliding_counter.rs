@@ -98,6 +98,7 @@ impl Algorithm for SlidingWindowCounter {
         CounterState::default()
     }
 
+    #[inline]
     fn check(&self, params: &WindowParams, state: &CounterState, now: u64, cost: u64) -> Option<Decision> {
         let mut c = lock(state);
         if c.retired {

@@ -96,6 +96,7 @@ impl Algorithm for SlidingWindowLog {
         LogState::default()
     }
 
+    #[inline]
     fn check(&self, params: &WindowParams, state: &LogState, now: u64, cost: u64) -> Option<Decision> {
         let mut log = lock(state);
         if log.retired {

@@ -14,6 +14,7 @@
 //! sketch of recent keys). A flood of one-shot keys therefore cannot push out keys in use; a
 //! refused newcomer is decided on a fresh state and not stored.
 
+mod lock;
 mod shard;
 mod sketch;
 mod source;
@@ -25,10 +26,11 @@ use std::future::Future;
 use std::hash::{BuildHasher, Hash};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use lock::{ReadGuard, StripedRwLock, WriteGuard};
 use shard::{Compiled, Entry, Eviction, Room, Shard, meta};
 pub use source::{FetchError, FetchResult, FnSource, QuotaSource, StaticQuotas};
 
@@ -188,6 +190,8 @@ where
     pub fn build(self) -> Result<KeyedLimiter<K, A, S, C>, QuotaError> {
         let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
         let shards = self.shards.unwrap_or(cores * 16).min(1024).next_power_of_two();
+        // One reader stripe per core (at most 16): reads on different cores share no line.
+        let stripes = cores.min(16);
         let per_shard = self.capacity.div_ceil(shards);
         let mut book = HashMap::new();
         let failsafe = compile(&self.algorithm, &mut book, self.failsafe)?;
@@ -195,7 +199,9 @@ where
         let refresh_ticks = meta::tick(u64::try_from(self.refresh.as_nanos()).unwrap_or(u64::MAX)).max(1);
         Ok(KeyedLimiter {
             inner: Arc::new(Inner {
-                shards: (0..shards).map(|_| RwLock::new(Shard::new(per_shard))).collect(),
+                shards: (0..shards)
+                    .map(|_| StripedRwLock::new(Shard::new(per_shard), stripes))
+                    .collect(),
                 shard_bits: shards.trailing_zeros(),
                 hasher: foldhash::fast::RandomState::default(),
                 book: Mutex::new(book),
@@ -281,7 +287,7 @@ impl<K, A: Algorithm, S, C> fmt::Debug for KeyedLimiter<K, A, S, C> {
 struct Inner<K, A: Algorithm, S, C> {
     algorithm: A,
     clock: C,
-    shards: Box<[RwLock<Shard<K, A>>]>,
+    shards: Box<[StripedRwLock<Shard<K, A>>]>,
     shard_bits: u32,
     hasher: foldhash::fast::RandomState,
     /// Every quota compiled so far, shared by the keys that have it.
@@ -295,13 +301,12 @@ struct Inner<K, A: Algorithm, S, C> {
     counters: Counters,
 }
 
-fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
-    // Nothing panics while a shard lock is held; a poisoned shard is still consistent.
-    lock.read().unwrap_or_else(PoisonError::into_inner)
+fn read<T>(lock: &StripedRwLock<T>) -> ReadGuard<'_, T> {
+    lock.read()
 }
 
-fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
-    lock.write().unwrap_or_else(PoisonError::into_inner)
+fn write<T>(lock: &StripedRwLock<T>) -> WriteGuard<'_, T> {
+    lock.write()
 }
 
 impl<K: Hash + Eq + Send + Sync + 'static, A: Algorithm> KeyedLimiter<K, A> {
@@ -414,7 +419,11 @@ where
 
     /// Bytes of memory held by the store's tables (excluding what keys own on the heap).
     pub fn heap_bytes(&self) -> usize {
-        self.inner.shards.iter().map(|s| read(s).heap_bytes()).sum()
+        self.inner
+            .shards
+            .iter()
+            .map(|s| s.heap_bytes() + read(s).heap_bytes())
+            .sum()
     }
 
     /// Inserts the key, moves its epoch or finds it inserted meanwhile: under the write lock.
@@ -433,29 +442,30 @@ where
             return inner.decide_on(entry, now, cost);
         }
         let hash_of = |k: &K| inner.hasher.hash_one(k);
-        match guard.make_room(&inner.algorithm, hash, now, hash_of) {
+        let place = match guard.make_room(&inner.algorithm, hash, now, hash_of) {
             Room::Refused => {
                 bump(&inner.counters.refused);
                 drop(guard);
                 let scratch = Entry::new(&inner.algorithm, key, limit, now, bits);
-                inner.decide_on(&scratch, now, cost)
+                return inner.decide_on(&scratch, now, cost);
             }
-            Room::Made(eviction) => {
-                match eviction {
-                    Some(Eviction::Idle) => bump(&inner.counters.evicted_idle),
-                    Some(Eviction::Frequency) => bump(&inner.counters.evicted_frequency),
-                    None => {}
-                }
-                let entry = Entry::new(&inner.algorithm, key.clone(), limit, now, bits | 1);
-                let i = guard.insert(hash, entry, hash_of);
-                let result = inner.decide_on(&guard.entries[i], now, cost);
-                drop(guard);
-                if let Some(fetch) = pending {
-                    self.spawn_fetch(key, fetch);
-                }
-                result
+            Room::Free => None,
+            Room::Reused(reason, i) => {
+                bump(match reason {
+                    Eviction::Idle => &inner.counters.evicted_idle,
+                    Eviction::Frequency => &inner.counters.evicted_frequency,
+                });
+                Some(i)
             }
+        };
+        let entry = Entry::new(&inner.algorithm, key.clone(), limit, now, bits | 1);
+        let i = guard.insert(place, hash, entry, hash_of);
+        let result = inner.decide_on(&guard.entries[i], now, cost);
+        drop(guard);
+        if let Some(fetch) = pending {
+            self.spawn_fetch(key, fetch);
         }
+        result
     }
 
     fn refresh(&self, key: K) {
@@ -497,7 +507,7 @@ where
     S: QuotaSource<K>,
     C: Clock + 'static,
 {
-    fn shard(&self, hash: u64) -> &RwLock<Shard<K, A>> {
+    fn shard(&self, hash: u64) -> &StripedRwLock<Shard<K, A>> {
         // Shard by a remix of the hash: the table inside uses the hash's own low and top bits.
         let mixed = hash.wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let index = if self.shard_bits == 0 {

@@ -110,9 +110,12 @@ pub(crate) enum Eviction {
 
 /// What to do with a newcomer when the shard is full.
 pub(crate) enum Room {
-    /// There is room (possibly after evicting someone).
-    Made(Option<Eviction>),
-    /// The newcomer is used less than anyone who would leave: not stored.
+    /// The shard has a free place.
+    Free,
+    /// The entry at this position was evicted for the reason given: unindexed, its place is
+    /// the newcomer's (overwritten in place, so no other entry moves).
+    Reused(Eviction, usize),
+    /// The newcomer is refused (admission lost to every sampled entry).
     Refused,
 }
 
@@ -159,7 +162,7 @@ impl<K, A: Algorithm> Shard<K, A> {
     ) -> Room {
         let newcomer = u64::from(self.sketch.record(hash));
         if self.entries.len() < self.capacity {
-            return Room::Made(None);
+            return Room::Free;
         }
         let len = self.entries.len();
         let mut victim = None::<(usize, u64)>;
@@ -169,8 +172,8 @@ impl<K, A: Algorithm> Shard<K, A> {
             let since = entry.since_epoch(now).min(entry.limit.horizon);
             if algorithm.is_idle(&entry.limit.params, &entry.state, since) {
                 self.hand = i;
-                self.remove(i, &hash_of);
-                return Room::Made(Some(Eviction::Idle));
+                self.unindex(i, &hash_of);
+                return Room::Reused(Eviction::Idle, i);
             }
             let frequency = entry.frequency();
             if victim.is_none_or(|(_, f)| frequency < f) {
@@ -188,40 +191,47 @@ impl<K, A: Algorithm> Shard<K, A> {
             }
             return Room::Refused;
         }
-        self.remove(i, &hash_of);
-        Room::Made(Some(Eviction::Frequency))
+        self.unindex(i, &hash_of);
+        Room::Reused(Eviction::Frequency, i)
     }
 
-    pub(crate) fn insert(&mut self, hash: u64, entry: Entry<K, A>, hash_of: impl Fn(&K) -> u64) -> usize {
-        if self.entries.len() == self.entries.capacity() {
-            // Grow by a quarter, not double: the vector is most of the memory.
-            let extra = (self.entries.len() / 4)
-                .max(16)
-                .min(self.capacity - self.entries.len().min(self.capacity));
-            self.entries.reserve_exact(extra.max(1));
-        }
-        let i = self.entries.len();
-        self.entries.push(entry);
+    /// Stores `entry` where `room` says (in a reused place, or at the end) and indexes it.
+    pub(crate) fn insert(
+        &mut self,
+        room: Option<usize>,
+        hash: u64,
+        entry: Entry<K, A>,
+        hash_of: impl Fn(&K) -> u64,
+    ) -> usize {
+        let i = match room {
+            Some(i) => {
+                self.entries[i] = entry;
+                i
+            }
+            None => {
+                if self.entries.len() == self.entries.capacity() {
+                    // Grow by a quarter, not double: the vector is most of the memory.
+                    let extra = (self.entries.len() / 4)
+                        .max(16)
+                        .min(self.capacity - self.entries.len().min(self.capacity));
+                    self.entries.reserve_exact(extra.max(1));
+                }
+                self.entries.push(entry);
+                self.entries.len() - 1
+            }
+        };
         let entries = &self.entries;
         self.index
             .insert_unique(hash, i as u32, |&j| hash_of(&entries[j as usize].key));
         i
     }
 
-    /// Removes entry `i`, moving the last entry into its place.
-    fn remove(&mut self, i: usize, hash_of: &impl Fn(&K) -> u64) {
+    /// Drops the index's pointer to the entry at `i`; the entry stays until overwritten.
+    fn unindex(&mut self, i: usize, hash_of: &impl Fn(&K) -> u64) {
         let hash = hash_of(&self.entries[i].key);
         if let Ok(found) = self.index.find_entry(hash, |&j| j as usize == i) {
             found.remove();
         }
-        let last = self.entries.len() - 1;
-        if i != last {
-            let moved_hash = hash_of(&self.entries[last].key);
-            if let Some(slot) = self.index.find_mut(moved_hash, |&j| j as usize == last) {
-                *slot = i as u32;
-            }
-        }
-        self.entries.swap_remove(i);
     }
 
     pub(crate) fn heap_bytes(&self) -> usize {
