@@ -207,3 +207,55 @@ fn a_flood_of_keys_neither_grows_memory_nor_leaks_admissions() {
         "{metrics:?}"
     );
 }
+
+/// An answer sent from another thread after `delay`: 10/s for `vip-` keys, 2/s for others.
+fn answer_later(key: &str, delay: Duration) -> oneshot::Receiver<FetchResult> {
+    let (tx, rx) = oneshot::channel();
+    let vip = key.starts_with("vip-");
+    std::thread::spawn(move || {
+        std::thread::sleep(delay);
+        let _ = tx.send(Ok(Some(if vip { quota("10/s") } else { quota("2/s") })));
+    });
+    rx
+}
+
+#[test]
+fn waiting_for_the_first_fetch_starts_a_key_on_its_own_quota() {
+    let source = FnSource(|key: &String| {
+        let rx = answer_later(key, Duration::from_millis(20));
+        async move { rx.await.unwrap_or_else(|_| Err(FetchError::new("dropped"))) }
+    });
+    let limiter = KeyedLimiter::builder(TokenBucket, quota("1/s"))
+        .clock(ManualClock::new(0))
+        .source(source)
+        .wait_for_first_fetch(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    // Without waiting the failsafe (1/s) would admit one; the fetched 10/s admits ten.
+    assert_eq!(limiter.check_n("vip-1", 10).unwrap().remaining(), 0);
+    assert_eq!(limiter.quota_of("vip-1"), Some(quota("10/s")));
+    assert_eq!(limiter.check("plain").limit(), 2);
+    assert_eq!(limiter.metrics().fetch_errors, 0);
+}
+
+#[test]
+fn a_first_fetch_slower_than_the_wait_falls_back_to_the_failsafe() {
+    let source = FnSource(|_: &String| std::future::pending::<FetchResult>());
+    let limiter = KeyedLimiter::builder(TokenBucket, quota("1/s"))
+        .clock(ManualClock::new(0))
+        .source(source)
+        .wait_for_first_fetch(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let first = limiter.check("x");
+    assert!(
+        started.elapsed() >= Duration::from_millis(20),
+        "it waited for the fetch"
+    );
+    assert!(first.is_allowed());
+    assert_eq!(first.limit(), 1, "the failsafe quota governs");
+    assert!(!limiter.check("x").is_allowed());
+    // No spawner: the fetch still running is reported, as without the wait.
+    assert_eq!(limiter.metrics().fetch_errors, 1);
+}

@@ -101,6 +101,7 @@ pub struct KeyedBuilder<K, A, S, C> {
     capacity: usize,
     shards: Option<usize>,
     refresh: Duration,
+    first_fetch_wait: Option<Duration>,
     spawner: Option<Spawner>,
     on_fetch_error: Option<ErrorHook<K>>,
 }
@@ -131,6 +132,43 @@ impl<K, A, S, C> KeyedBuilder<K, A, S, C> {
         self
     }
 
+    /// Makes the first check of a key wait, on the calling thread, up to `timeout` for the
+    /// source's answer, so the key starts on its own quota rather than the failsafe one
+    /// (default: never wait). A fetch still running at the timeout goes on in the background
+    /// as usual and the key starts on the failsafe quota. The wait blocks the thread: on an
+    /// async runtime, prefer the default or a fast source.
+    ///
+    /// # Example
+    /// ```
+    /// use std::time::Duration;
+    /// use sluice::{FnSource, KeyedLimiter, Quota, TokenBucket};
+    /// // A slow source: it answers from another thread after 10 ms.
+    /// let source = FnSource(|_: &String| {
+    ///     let (tx, rx) = std::sync::mpsc::channel();
+    ///     std::thread::spawn(move || {
+    ///         std::thread::sleep(Duration::from_millis(10));
+    ///         let _ = tx.send("5/s".parse::<Quota>());
+    ///     });
+    ///     std::future::poll_fn(move |cx| match rx.try_recv() {
+    ///         Ok(quota) => std::task::Poll::Ready(Ok(Some(quota?))),
+    ///         Err(_) => {
+    ///             cx.waker().wake_by_ref(); // poll again soon
+    ///             std::task::Poll::Pending
+    ///         }
+    ///     })
+    /// });
+    /// let limiter = KeyedLimiter::builder(TokenBucket, "1/s".parse()?)
+    ///     .source(source)
+    ///     .wait_for_first_fetch(Duration::from_secs(5))
+    ///     .build()?;
+    /// assert_eq!(limiter.check("alice").limit(), 5); // the fetched quota, not the failsafe
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn wait_for_first_fetch(mut self, timeout: Duration) -> Self {
+        self.first_fetch_wait = Some(timeout);
+        self
+    }
+
     /// Runs fetches that do not complete at once (required for such sources).
     pub fn spawner(mut self, spawner: impl Fn(Task) + Send + Sync + 'static) -> Self {
         self.spawner = Some(Arc::new(spawner));
@@ -154,6 +192,7 @@ impl<K, A, S, C> KeyedBuilder<K, A, S, C> {
             capacity: self.capacity,
             shards: self.shards,
             refresh: self.refresh,
+            first_fetch_wait: self.first_fetch_wait,
             spawner: self.spawner,
             on_fetch_error: self.on_fetch_error,
         }
@@ -170,6 +209,7 @@ impl<K, A, S, C> KeyedBuilder<K, A, S, C> {
             capacity: self.capacity,
             shards: self.shards,
             refresh: self.refresh,
+            first_fetch_wait: self.first_fetch_wait,
             spawner: self.spawner,
             on_fetch_error: self.on_fetch_error,
         }
@@ -208,6 +248,7 @@ where
                 failsafe,
                 unknown,
                 refresh_ticks,
+                first_fetch_wait: self.first_fetch_wait,
                 algorithm: self.algorithm,
                 clock: self.clock,
                 source: self.source,
@@ -295,6 +336,7 @@ struct Inner<K, A: Algorithm, S, C> {
     failsafe: Arc<Compiled<A>>,
     unknown: Arc<Compiled<A>>,
     refresh_ticks: u64,
+    first_fetch_wait: Option<Duration>,
     source: Option<S>,
     spawner: Option<Spawner>,
     on_fetch_error: Option<ErrorHook<K>>,
@@ -322,6 +364,7 @@ impl<K: Hash + Eq + Send + Sync + 'static, A: Algorithm> KeyedLimiter<K, A> {
             capacity: 100_000,
             shards: None,
             refresh: Duration::from_secs(60),
+            first_fetch_wait: None,
             spawner: None,
             on_fetch_error: None,
         }
@@ -500,6 +543,35 @@ fn poll_once<T>(future: &mut Pin<Box<dyn Future<Output = T> + Send>>) -> Poll<T>
     future.as_mut().poll(&mut Context::from_waker(Waker::noop()))
 }
 
+/// Drives `future` on this thread, parked between polls, until it is ready or `timeout`
+/// (real time) has passed.
+fn block_on_for<T>(future: &mut Pin<Box<dyn Future<Output = T> + Send>>, timeout: Duration) -> Option<T> {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut context = Context::from_waker(&waker);
+    let deadline = std::time::Instant::now().checked_add(timeout);
+    loop {
+        if let Poll::Ready(value) = future.as_mut().poll(&mut context) {
+            return Some(value);
+        }
+        match deadline {
+            Some(deadline) => {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    return None;
+                }
+                std::thread::park_timeout(left);
+            }
+            None => std::thread::park(),
+        }
+    }
+}
+
 impl<K, A, S, C> Inner<K, A, S, C>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
@@ -557,15 +629,21 @@ where
         };
         bump(&self.counters.fetches);
         let mut fetch: PendingFetch = Box::pin(source.fetch(key));
-        match poll_once(&mut fetch) {
-            Poll::Ready(result) => match self.resolve(result) {
+        let answer = match poll_once(&mut fetch) {
+            Poll::Ready(result) => Some(result),
+            Poll::Pending => self
+                .first_fetch_wait
+                .and_then(|timeout| block_on_for(&mut fetch, timeout)),
+        };
+        match answer {
+            Some(result) => match self.resolve(result) {
                 Ok(limit) => (limit, meta::with_fetched_at(meta::KNOWN, now), None),
                 Err(error) => {
                     self.apply_error(key, &error);
                     (Arc::clone(&self.failsafe), meta::with_fetched_at(0, now), None)
                 }
             },
-            Poll::Pending => (
+            None => (
                 Arc::clone(&self.failsafe),
                 meta::with_fetched_at(meta::FETCHING, now),
                 Some(fetch),
