@@ -14,6 +14,7 @@
 //! sketch of recent keys). A flood of one-shot keys therefore cannot push out keys in use; a
 //! refused newcomer is decided on a fresh state and not stored.
 
+mod refund;
 mod shard;
 mod sketch;
 mod source;
