@@ -206,6 +206,10 @@ impl Host for Shared {
         }
     }
 
+    fn capacity(&self) -> Option<u64> {
+        Some(self.limiter.capacity())
+    }
+
     fn no_waiters(&self) -> bool {
         self.waiters.load(Ordering::SeqCst) == 0
     }

@@ -163,6 +163,10 @@ impl<A: Algorithm, C: Clock> Host for WaitingLimiter<A, C> {
         take_decision(self.limiter.check_n(cost))
     }
 
+    fn capacity(&self) -> Option<u64> {
+        Some(self.limiter.quota().capacity())
+    }
+
     fn no_waiters(&self) -> bool {
         self.waiters.load(Ordering::SeqCst) == 0
     }

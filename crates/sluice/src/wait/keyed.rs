@@ -258,6 +258,13 @@ where
         take_decision(self.waiting.limiter.check_n(&self.key, cost))
     }
 
+    fn capacity(&self) -> Option<u64> {
+        self.waiting
+            .limiter
+            .quota_of(&self.key)
+            .map(|quota| quota.capacity())
+    }
+
     fn no_waiters(&self) -> bool {
         // Asked already by `at_once` when no key had waiters; the queue path decides.
         false

@@ -204,6 +204,9 @@ pub(crate) trait Host: Sync {
     /// Asks the limit for `cost` now.
     fn take(&self, cost: u64) -> Take<Self::Grant>;
 
+    /// The capacity of the limit now, if known: a cost above it never waits.
+    fn capacity(&self) -> Option<u64>;
+
     /// Whether nobody waits, read without the lock (a hint: an arrival that sees an empty
     /// queue asks the limit directly).
     fn no_waiters(&self) -> bool;
@@ -245,6 +248,9 @@ pub(crate) fn arrive<H: Host>(
             Take::Never { capacity } => return Err(never(cost, capacity)),
             Take::Retry(retry) => asked = Some(retry),
         }
+    }
+    if let Some(capacity) = host.capacity().filter(|&capacity| cost > capacity) {
+        return Err(never(cost, capacity));
     }
     host.with_queue(|queue| {
         if asked.is_none() && queue.is_empty() {
