@@ -5,8 +5,8 @@ use std::thread;
 use std::time::Duration;
 
 use sluice::{
-    ChainError, CheckError, FixedWindow, KeyedLimiter, KeyedLink, LeakyBucket, Link, ManualClock, RateLimiter,
-    SlidingWindowCounter, SlidingWindowLog, TokenBucket, check_chain,
+    ChainError, CheckError, FixedWindow, KeyedLimiter, KeyedLink, LeakyBucket, Link, ManualClock,
+    RateLimiter, SlidingWindowCounter, SlidingWindowLog, TokenBucket, check_chain,
 };
 
 const KEYS: [&str; 4] = ["k0", "k1", "k2", "k3"];
@@ -19,11 +19,17 @@ const KEYS: [&str; 4] = ["k0", "k1", "k2", "k3"];
 fn chains_are_all_or_nothing_under_eight_threads() {
     for round in 0..6u64 {
         let clock = ManualClock::new(round * 1_000_000_007);
-        let l0 = RateLimiter::with_clock(TokenBucket, "1000/s burst 300".parse().unwrap(), clock.clone()).unwrap();
+        let l0 =
+            RateLimiter::with_clock(TokenBucket, "1000/s burst 300".parse().unwrap(), clock.clone()).unwrap();
         let l1 = RateLimiter::with_clock(FixedWindow, "200/h".parse().unwrap(), clock.clone()).unwrap();
-        let l3 = RateLimiter::with_clock(SlidingWindowCounter, "150/min".parse().unwrap(), clock.clone()).unwrap();
-        let l4 =
-            RateLimiter::with_clock(LeakyBucket::meter(), "100/s burst 250".parse().unwrap(), clock.clone()).unwrap();
+        let l3 =
+            RateLimiter::with_clock(SlidingWindowCounter, "150/min".parse().unwrap(), clock.clone()).unwrap();
+        let l4 = RateLimiter::with_clock(
+            LeakyBucket::meter(),
+            "100/s burst 250".parse().unwrap(),
+            clock.clone(),
+        )
+        .unwrap();
         let keyed = KeyedLimiter::<String, _>::builder(SlidingWindowLog, "60/s".parse().unwrap())
             .unknown_key_quota("60/s".parse().unwrap())
             .clock(clock.clone())
@@ -48,7 +54,10 @@ fn chains_are_all_or_nothing_under_eight_threads() {
                                 check_chain(&[(l0, c0), (&key, 5), (l1, 1)]),
                                 vec![(0, c0), (4, 5), (1, 1)],
                             ),
-                            1 => (check_chain(&[(l3, 3), (l0, c0), (l4, c4)]), vec![(2, 3), (0, c0), (3, c4)]),
+                            1 => (
+                                check_chain(&[(l3, 3), (l0, c0), (l4, c4)]),
+                                vec![(2, 3), (0, c0), (3, c4)],
+                            ),
                             _ => (
                                 check_chain(&[(l4, c4), (l1, 1), (l3, 3), (&key, 5)]),
                                 vec![(3, c4), (1, 1), (2, 3), (4, 5)],
@@ -57,7 +66,11 @@ fn chains_are_all_or_nothing_under_eight_threads() {
                         let decision = result.unwrap();
                         if decision.is_allowed() {
                             for (counter, cost) in counted {
-                                let target = if counter == 4 { &admitted_key[k] } else { &admitted[counter] };
+                                let target = if counter == 4 {
+                                    &admitted_key[k]
+                                } else {
+                                    &admitted[counter]
+                                };
                                 target.fetch_add(cost, Ordering::Relaxed);
                             }
                         } else {
@@ -70,7 +83,10 @@ fn chains_are_all_or_nothing_under_eight_threads() {
         });
         let check = |name: &str, remaining: u64, capacity: u64, admitted: &AtomicU64| {
             let admitted = admitted.load(Ordering::Relaxed);
-            assert!(admitted <= capacity, "round {round}: {name} admitted {admitted} > {capacity}");
+            assert!(
+                admitted <= capacity,
+                "round {round}: {name} admitted {admitted} > {capacity}"
+            );
             assert_eq!(remaining, capacity - admitted, "round {round}: {name} leaked");
         };
         check("l0", l0.check_n(0).unwrap().remaining(), 300, &admitted[0]);

@@ -160,6 +160,7 @@ impl WaitingConcurrency {
     ///
     /// # Errors
     /// As [`Self::acquire`].
+    #[inline]
     pub fn acquire_blocking(&self, permits: u64) -> Result<QueuedPermit, WaitError> {
         let permit = acquire_blocking(&*self.shared, permits, self.shared.policy.timeout())?;
         Ok(self.wrap(permit))
@@ -196,6 +197,7 @@ impl Host for Shared {
         &self.policy
     }
 
+    #[inline]
     fn take(&self, permits: u64) -> Take<OwnedPermit> {
         // Pairs with the fence in `QueuedPermit::drop` (see there).
         fence(Ordering::SeqCst);
@@ -210,6 +212,7 @@ impl Host for Shared {
         Some(self.limiter.capacity())
     }
 
+    #[inline]
     fn no_waiters(&self) -> bool {
         self.waiters.load(Ordering::SeqCst) == 0
     }

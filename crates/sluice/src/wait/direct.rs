@@ -52,6 +52,7 @@ impl<A: Algorithm, C: Clock> std::fmt::Debug for WaitingLimiter<A, C> {
 }
 
 /// The answer of a rate limit, as the queue sees it.
+#[inline]
 pub(crate) fn take_decision(result: Result<Decision, CheckError>) -> Take<Decision> {
     match result {
         Ok(decision) if decision.is_allowed() => Take::Granted(decision),
@@ -129,6 +130,7 @@ impl<A: Algorithm, C: Clock> WaitingLimiter<A, C> {
     ///
     /// # Errors
     /// As [`Self::acquire`].
+    #[inline]
     pub fn acquire_blocking(&self, cost: u64) -> Result<Decision, WaitError> {
         acquire_blocking(self, cost, self.policy.timeout)
     }
@@ -159,6 +161,7 @@ impl<A: Algorithm, C: Clock> Host for WaitingLimiter<A, C> {
         &self.policy
     }
 
+    #[inline]
     fn take(&self, cost: u64) -> Take<Decision> {
         take_decision(self.limiter.check_n(cost))
     }
@@ -167,6 +170,7 @@ impl<A: Algorithm, C: Clock> Host for WaitingLimiter<A, C> {
         Some(self.limiter.quota().capacity())
     }
 
+    #[inline]
     fn no_waiters(&self) -> bool {
         self.waiters.load(Ordering::SeqCst) == 0
     }

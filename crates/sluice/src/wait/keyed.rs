@@ -254,6 +254,7 @@ where
         &self.waiting.policy
     }
 
+    #[inline]
     fn take(&self, cost: u64) -> Take<Decision> {
         take_decision(self.waiting.limiter.check_n(&self.key, cost))
     }
@@ -265,6 +266,7 @@ where
             .map(|quota| quota.capacity())
     }
 
+    #[inline]
     fn no_waiters(&self) -> bool {
         // Asked already by `at_once` when no key had waiters; the queue path decides.
         false

@@ -235,6 +235,7 @@ fn never(cost: u64, capacity: u64) -> WaitError {
 
 /// Asks the limit directly if nobody is ahead (anybody, for newest-first), else joins the
 /// queue; a request that may not wait is rejected instead of queued.
+#[inline]
 pub(crate) fn arrive<H: Host>(
     host: &H,
     cost: u64,
@@ -307,16 +308,25 @@ impl<H: Host> Drop for Ticket<'_, H> {
 }
 
 /// The blocking acquire: the thread parks while it waits (the head until its retry-after).
+#[inline]
 pub(crate) fn acquire_blocking<H: Host>(
     host: &H,
     cost: u64,
     timeout: Option<Duration>,
 ) -> Result<H::Grant, WaitError> {
-    let id = match arrive(host, cost, timeout)? {
-        Arrival::Granted(grant) => return Ok(grant),
-        Arrival::Queued(id) => id,
-    };
-    let mut ticket = Ticket::new(host, id, cost);
+    match arrive(host, cost, timeout)? {
+        Arrival::Granted(grant) => Ok(grant),
+        Arrival::Queued(id) => wait_blocking(Ticket::new(host, id, cost), timeout),
+    }
+}
+
+/// Waits in the queue, parked, until granted, evicted or timed out.
+#[inline(never)]
+fn wait_blocking<H: Host>(
+    mut ticket: Ticket<'_, H>,
+    timeout: Option<Duration>,
+) -> Result<H::Grant, WaitError> {
+    let cost = ticket.cost;
     // A timeout too large to represent waits for ever.
     let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
     let waited = timeout.unwrap_or(Duration::MAX);
