@@ -38,16 +38,34 @@ impl Receipt {
     };
 
     /// A receipt for a take at `at` (as the link counts time) on the state named `tag`.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::Receipt;
+    /// assert_ne!(Receipt::new(0, 0), Receipt::NOTHING);
+    /// ```
     pub const fn new(at: u64, tag: u64) -> Self {
         Self { at, tag }
     }
 
     /// When the take happened, as the link counts time.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::Receipt;
+    /// assert_eq!(Receipt::new(5, 1).at(), 5);
+    /// ```
     pub const fn at(&self) -> u64 {
         self.at
     }
 
     /// Which state the take was decided on, as the link names it.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::Receipt;
+    /// assert_eq!(Receipt::new(5, 1).tag(), 1);
+    /// ```
     pub const fn tag(&self) -> u64 {
         self.tag
     }
@@ -107,6 +125,17 @@ pub struct KeyedLink<'a, K, A: Algorithm, S, C, Q: ?Sized> {
 
 impl<'a, K, A: Algorithm, S, C, Q: ?Sized> KeyedLink<'a, K, A, S, C, Q> {
     /// The limit of `key` in `limiter`.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{KeyedLimiter, KeyedLink, RateLimiter, TokenBucket, check_chain};
+    /// let per_key = KeyedLimiter::<u64, _>::builder(TokenBucket, "1/s".parse()?)
+    ///     .unknown_key_quota("1/s".parse()?)
+    ///     .build()?;
+    /// let global = RateLimiter::new(TokenBucket, "100/s".parse()?)?;
+    /// assert!(check_chain(&[(&KeyedLink::new(&per_key, &42), 1), (&global, 1)])?.is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn new(limiter: &'a KeyedLimiter<K, A, S, C>, key: &'a Q) -> Self {
         Self { limiter, key }
     }
@@ -156,23 +185,63 @@ pub struct ChainDecision {
 
 impl ChainDecision {
     /// Whether every link admitted the request.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{ManualClock, RateLimiter, TokenBucket, check_chain};
+    /// let limiter = RateLimiter::with_clock(TokenBucket, "1/s".parse()?, ManualClock::new(0))?;
+    /// check_chain(&[(&limiter, 1)])?;
+    /// let denied = check_chain(&[(&limiter, 1)])?;
+    /// assert!(!denied.is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub const fn is_allowed(&self) -> bool {
         self.denied_by.is_none()
     }
 
     /// The index of the first link that denied, if any.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{ManualClock, RateLimiter, TokenBucket, check_chain};
+    /// let limiter = RateLimiter::with_clock(TokenBucket, "1/s".parse()?, ManualClock::new(0))?;
+    /// check_chain(&[(&limiter, 1)])?;
+    /// let denied = check_chain(&[(&limiter, 1)])?;
+    /// assert_eq!(denied.denied_by(), Some(0));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub const fn denied_by(&self) -> Option<usize> {
         self.denied_by
     }
 
     /// Time until every link that denied could admit its cost (the latest of their
     /// retry-afters): zero if allowed. Other links may still deny then if others consume.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{ManualClock, RateLimiter, TokenBucket, check_chain};
+    /// let limiter = RateLimiter::with_clock(TokenBucket, "1/s".parse()?, ManualClock::new(0))?;
+    /// check_chain(&[(&limiter, 1)])?;
+    /// let denied = check_chain(&[(&limiter, 1)])?;
+    /// assert_eq!(denied.retry_after().as_secs(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub const fn retry_after(&self) -> Duration {
         Duration::from_nanos(self.retry_after_ns)
     }
 
     /// The decision of one link: the first that denied, or, if all admitted, the one with the
     /// fewest units remaining (for rate-limit headers).
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{ManualClock, RateLimiter, TokenBucket, check_chain};
+    /// let limiter = RateLimiter::with_clock(TokenBucket, "1/s".parse()?, ManualClock::new(0))?;
+    /// check_chain(&[(&limiter, 1)])?;
+    /// let denied = check_chain(&[(&limiter, 1)])?;
+    /// assert_eq!(denied.decision().limit(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub const fn decision(&self) -> &Decision {
         &self.decision
     }

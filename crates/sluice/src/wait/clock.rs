@@ -23,6 +23,12 @@ pub struct TokioClock {
 
 impl TokioClock {
     /// A clock reading 0 now.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{Clock, TokioClock};
+    /// assert!(TokioClock::new().now() < 1_000_000_000);
+    /// ```
     pub fn new() -> Self {
         Self {
             origin: Instant::now(),

@@ -68,6 +68,14 @@ pub struct QueuedPermit {
 
 impl QueuedPermit {
     /// How many permits this guard holds.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{WaitPolicy, WaitingConcurrency};
+    /// let limiter = WaitingConcurrency::new(4, WaitPolicy::wait());
+    /// assert_eq!(limiter.acquire_blocking(3)?.permits(), 3);
+    /// # Ok::<(), sluice::WaitError>(())
+    /// ```
     pub fn permits(&self) -> u64 {
         self.permit.as_ref().map_or(0, OwnedPermit::permits)
     }
@@ -88,6 +96,13 @@ impl Drop for QueuedPermit {
 
 impl WaitingConcurrency {
     /// A limiter of `capacity` permits; requests without permits are treated by `policy`.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{WaitPolicy, WaitingConcurrency};
+    /// let limiter = WaitingConcurrency::new(8, WaitPolicy::wait().queue_limit(100));
+    /// assert_eq!(limiter.capacity(), 8);
+    /// ```
     pub fn new(capacity: u64, policy: WaitPolicy) -> Self {
         Self {
             shared: Arc::new(Shared {
@@ -100,16 +115,37 @@ impl WaitingConcurrency {
     }
 
     /// All permits.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{WaitPolicy, WaitingConcurrency};
+    /// assert_eq!(WaitingConcurrency::new(8, WaitPolicy::wait()).capacity(), 8);
+    /// ```
     pub fn capacity(&self) -> u64 {
         self.shared.limiter.capacity()
     }
 
     /// Permits not held right now.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{WaitPolicy, WaitingConcurrency};
+    /// let limiter = WaitingConcurrency::new(8, WaitPolicy::wait());
+    /// let _held = limiter.acquire_blocking(5)?;
+    /// assert_eq!(limiter.available(), 3);
+    /// # Ok::<(), sluice::WaitError>(())
+    /// ```
     pub fn available(&self) -> u64 {
         self.shared.limiter.available()
     }
 
     /// Requests waiting now.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{WaitPolicy, WaitingConcurrency};
+    /// assert_eq!(WaitingConcurrency::new(8, WaitPolicy::wait()).waiters(), 0);
+    /// ```
     pub fn waiters(&self) -> usize {
         self.shared.waiters.load(Ordering::SeqCst)
     }
@@ -150,6 +186,20 @@ impl WaitingConcurrency {
     ///
     /// # Errors
     /// As [`Self::acquire`].
+    ///
+    /// # Example
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use sluice::{WaitError, WaitPolicy, WaitingConcurrency};
+    /// let limiter = WaitingConcurrency::new(1, WaitPolicy::wait());
+    /// let _held = limiter.acquire(1).await?;
+    /// let late = limiter.acquire_within(1, Duration::from_millis(5)).await;
+    /// assert!(matches!(late, Err(WaitError::TimedOut { .. })));
+    /// # Ok(())
+    /// # }
+    /// ```
     #[cfg(feature = "wait")]
     pub async fn acquire_within(&self, permits: u64, timeout: Duration) -> Result<QueuedPermit, WaitError> {
         let permit = super::future::acquire(&*self.shared, permits, Some(timeout)).await?;
@@ -160,6 +210,13 @@ impl WaitingConcurrency {
     ///
     /// # Errors
     /// As [`Self::acquire`].
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{WaitError, WaitPolicy, WaitingConcurrency};
+    /// let limiter = WaitingConcurrency::new(2, WaitPolicy::wait());
+    /// assert_eq!(limiter.acquire_blocking(3).unwrap_err(), WaitError::CostExceedsCapacity { cost: 3, capacity: 2 });
+    /// ```
     #[inline]
     pub fn acquire_blocking(&self, permits: u64) -> Result<QueuedPermit, WaitError> {
         let permit = acquire_blocking(&*self.shared, permits, self.shared.policy.timeout())?;

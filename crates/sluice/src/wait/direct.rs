@@ -65,6 +65,14 @@ pub(crate) fn take_decision(result: Result<Decision, CheckError>) -> Take<Decisi
 
 impl<A: Algorithm, C: Clock> WaitingLimiter<A, C> {
     /// Wraps `limiter`; requests without capacity are treated by `policy`.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{RateLimiter, TokenBucket, WaitPolicy, WaitingLimiter};
+    /// let waiting = WaitingLimiter::new(RateLimiter::new(TokenBucket, "5/s".parse()?)?, WaitPolicy::reject());
+    /// assert_eq!(waiting.policy(), WaitPolicy::reject());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn new(limiter: RateLimiter<A, C>, policy: WaitPolicy) -> Self {
         Self {
             limiter,
@@ -75,21 +83,54 @@ impl<A: Algorithm, C: Clock> WaitingLimiter<A, C> {
     }
 
     /// The limiter (checks on it directly do not queue).
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{RateLimiter, TokenBucket, WaitPolicy, WaitingLimiter};
+    /// let waiting = WaitingLimiter::new(RateLimiter::new(TokenBucket, "5/s".parse()?)?, WaitPolicy::wait());
+    /// assert_eq!(waiting.limiter().check_n(0)?.remaining(), 5);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn limiter(&self) -> &RateLimiter<A, C> {
         &self.limiter
     }
 
     /// The policy.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{QueueOrder, RateLimiter, TokenBucket, WaitPolicy, WaitingLimiter};
+    /// let policy = WaitPolicy::wait().order(QueueOrder::NewestFirst);
+    /// let waiting = WaitingLimiter::new(RateLimiter::new(TokenBucket, "5/s".parse()?)?, policy);
+    /// assert_eq!(waiting.policy().queue_order(), QueueOrder::NewestFirst);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn policy(&self) -> WaitPolicy {
         self.policy
     }
 
     /// Requests waiting now.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{RateLimiter, TokenBucket, WaitPolicy, WaitingLimiter};
+    /// let waiting = WaitingLimiter::new(RateLimiter::new(TokenBucket, "5/s".parse()?)?, WaitPolicy::wait());
+    /// assert_eq!(waiting.waiters(), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn waiters(&self) -> usize {
         self.waiters.load(Ordering::SeqCst)
     }
 
     /// Permits (summed costs) waiting now.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{RateLimiter, TokenBucket, WaitPolicy, WaitingLimiter};
+    /// let waiting = WaitingLimiter::new(RateLimiter::new(TokenBucket, "5/s".parse()?)?, WaitPolicy::wait());
+    /// assert_eq!(waiting.queued(), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn queued(&self) -> u64 {
         self.with_queue(|queue| queue.queued())
     }
@@ -98,6 +139,20 @@ impl<A: Algorithm, C: Clock> WaitingLimiter<A, C> {
     ///
     /// # Errors
     /// [`WaitError`]: queue full, timed out, evicted (newest-first) or a cost above capacity.
+    ///
+    /// # Example
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use sluice::{RateLimiter, TokenBucket, WaitPolicy, WaitingLimiter};
+    /// let policy = WaitPolicy::wait_up_to(Duration::from_secs(1));
+    /// let waiting = WaitingLimiter::new(RateLimiter::new(TokenBucket, "100/s burst 1".parse()?)?, policy);
+    /// waiting.acquire(1).await?;
+    /// waiting.acquire(1).await?; // about 10 ms later
+    /// # Ok(())
+    /// # }
+    /// ```
     #[cfg(feature = "wait")]
     pub async fn acquire(&self, cost: u64) -> Result<Decision, WaitError> {
         super::future::acquire(self, cost, self.policy.timeout).await
@@ -130,6 +185,14 @@ impl<A: Algorithm, C: Clock> WaitingLimiter<A, C> {
     ///
     /// # Errors
     /// As [`Self::acquire`].
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{RateLimiter, TokenBucket, WaitPolicy, WaitingLimiter};
+    /// let waiting = WaitingLimiter::new(RateLimiter::new(TokenBucket, "100/s".parse()?)?, WaitPolicy::wait());
+    /// assert_eq!(waiting.acquire_blocking(40)?.remaining(), 60);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[inline]
     pub fn acquire_blocking(&self, cost: u64) -> Result<Decision, WaitError> {
         acquire_blocking(self, cost, self.policy.timeout)

@@ -66,6 +66,17 @@ where
     C: Clock + 'static,
 {
     /// Wraps `limiter`; requests without capacity for their key are treated by `policy`.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{KeyedLimiter, TokenBucket, WaitPolicy, WaitingKeyed};
+    /// let limiter = KeyedLimiter::<String, _>::builder(TokenBucket, "10/s".parse()?)
+    ///     .unknown_key_quota("10/s".parse()?)
+    ///     .build()?;
+    /// let waiting = WaitingKeyed::new(limiter, WaitPolicy::wait().queue_limit(50));
+    /// assert_eq!(waiting.waiters(), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn new(limiter: KeyedLimiter<K, A, S, C>, policy: WaitPolicy) -> Self {
         Self {
             limiter,
@@ -77,16 +88,51 @@ where
     }
 
     /// The keyed limiter (checks on it directly do not queue).
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{KeyedLimiter, TokenBucket, WaitPolicy, WaitingKeyed};
+    /// let limiter = KeyedLimiter::<String, _>::builder(TokenBucket, "10/s".parse()?)
+    ///     .unknown_key_quota("10/s".parse()?)
+    ///     .build()?;
+    /// let waiting = WaitingKeyed::new(limiter, WaitPolicy::wait());
+    /// waiting.acquire_blocking("a", 4)?;
+    /// assert_eq!(waiting.limiter().check_n("a", 0)?.remaining(), 6);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn limiter(&self) -> &KeyedLimiter<K, A, S, C> {
         &self.limiter
     }
 
     /// Requests waiting now, over all keys.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{KeyedLimiter, TokenBucket, WaitPolicy, WaitingKeyed};
+    /// let limiter = KeyedLimiter::<String, _>::builder(TokenBucket, "10/s".parse()?)
+    ///     .unknown_key_quota("10/s".parse()?)
+    ///     .build()?;
+    /// let waiting = WaitingKeyed::new(limiter, WaitPolicy::wait());
+    /// assert_eq!(waiting.waiters(), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn waiters(&self) -> usize {
         self.waiters.load(Ordering::SeqCst)
     }
 
     /// Keys that have a queue now (keys with waiters).
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{KeyedLimiter, TokenBucket, WaitPolicy, WaitingKeyed};
+    /// let limiter = KeyedLimiter::<String, _>::builder(TokenBucket, "10/s".parse()?)
+    ///     .unknown_key_quota("10/s".parse()?)
+    ///     .build()?;
+    /// let waiting = WaitingKeyed::new(limiter, WaitPolicy::wait());
+    /// waiting.acquire_blocking("a", 1)?;
+    /// assert_eq!(waiting.queued_keys(), 0); // granted at once: no queue was made
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn queued_keys(&self) -> usize {
         self.queues.iter().map(|shard| lock(shard).len()).sum()
     }
@@ -138,6 +184,22 @@ where
     ///
     /// # Errors
     /// As [`Self::acquire`].
+    ///
+    /// # Example
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use sluice::{KeyedLimiter, TokenBucket, WaitPolicy, WaitingKeyed};
+    /// let limiter = KeyedLimiter::<String, _>::builder(TokenBucket, "10/s".parse()?)
+    ///     .unknown_key_quota("10/s".parse()?)
+    ///     .build()?;
+    /// let waiting = WaitingKeyed::new(limiter, WaitPolicy::wait());
+    /// waiting.acquire_within("a", 10, Duration::from_millis(5)).await?;
+    /// assert!(waiting.acquire_within("a", 10, Duration::from_millis(5)).await.is_err());
+    /// # Ok(())
+    /// # }
+    /// ```
     #[cfg(feature = "wait")]
     pub async fn acquire_within<Q>(
         &self,
@@ -160,6 +222,17 @@ where
     ///
     /// # Errors
     /// As [`Self::acquire`].
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{KeyedLimiter, TokenBucket, WaitPolicy, WaitingKeyed};
+    /// let limiter = KeyedLimiter::<String, _>::builder(TokenBucket, "10/s".parse()?)
+    ///     .unknown_key_quota("10/s".parse()?)
+    ///     .build()?;
+    /// let waiting = WaitingKeyed::new(limiter, WaitPolicy::wait());
+    /// assert_eq!(waiting.acquire_blocking("a", 3)?.remaining(), 7);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn acquire_blocking<Q>(&self, key: &Q, cost: u64) -> Result<Decision, WaitError>
     where
         K: Borrow<Q>,

@@ -89,6 +89,12 @@ impl WaitPolicy {
     pub const DEFAULT_QUEUE_LIMIT: u64 = 1024;
 
     /// Never wait: a request without capacity is rejected at once.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::WaitPolicy;
+    /// assert_eq!(WaitPolicy::reject().limit(), 0);
+    /// ```
     pub const fn reject() -> Self {
         Self {
             timeout: Some(Duration::ZERO),
@@ -98,6 +104,12 @@ impl WaitPolicy {
     }
 
     /// Wait as long as it takes (within the queue limit), oldest first.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::WaitPolicy;
+    /// assert_eq!(WaitPolicy::wait().timeout(), None);
+    /// ```
     pub const fn wait() -> Self {
         Self {
             timeout: None,
@@ -107,6 +119,13 @@ impl WaitPolicy {
     }
 
     /// Wait at most `timeout` (within the queue limit), oldest first.
+    ///
+    /// # Example
+    /// ```
+    /// use std::time::Duration;
+    /// use sluice::WaitPolicy;
+    /// assert_eq!(WaitPolicy::wait_up_to(Duration::from_millis(250)).timeout(), Some(Duration::from_millis(250)));
+    /// ```
     pub const fn wait_up_to(timeout: Duration) -> Self {
         Self {
             timeout: Some(timeout),
@@ -116,28 +135,58 @@ impl WaitPolicy {
     }
 
     /// The most permits (summed costs) that may wait in one queue.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::WaitPolicy;
+    /// assert_eq!(WaitPolicy::wait().queue_limit(10).limit(), 10);
+    /// ```
     pub const fn queue_limit(mut self, permits: u64) -> Self {
         self.queue_limit = permits;
         self
     }
 
     /// The order the queue is served in.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{QueueOrder, WaitPolicy};
+    /// assert_eq!(WaitPolicy::wait().order(QueueOrder::NewestFirst).queue_order(), QueueOrder::NewestFirst);
+    /// ```
     pub const fn order(mut self, order: QueueOrder) -> Self {
         self.order = order;
         self
     }
 
     /// How long a request may wait (`None`: for ever).
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::WaitPolicy;
+    /// assert_eq!(WaitPolicy::default().timeout(), None);
+    /// ```
     pub const fn timeout(&self) -> Option<Duration> {
         self.timeout
     }
 
     /// The queue limit in permits.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::WaitPolicy;
+    /// assert_eq!(WaitPolicy::wait().limit(), WaitPolicy::DEFAULT_QUEUE_LIMIT);
+    /// ```
     pub const fn limit(&self) -> u64 {
         self.queue_limit
     }
 
     /// The order the queue is served in.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{QueueOrder, WaitPolicy};
+    /// assert_eq!(WaitPolicy::wait().queue_order(), QueueOrder::OldestFirst);
+    /// ```
     pub const fn queue_order(&self) -> QueueOrder {
         self.order
     }
