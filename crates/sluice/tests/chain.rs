@@ -161,3 +161,86 @@ fn a_give_back_after_a_quota_change_gives_nothing_back() {
     // The 4 stay consumed under the new quota: a refund never over-admits.
     assert_eq!(a.check_n(0).unwrap().remaining(), 16);
 }
+
+mod model {
+    use proptest::prelude::*;
+    use sluice::{
+        Algorithm, Decision, FixedWindow, LeakyBucket, Link, ManualClock, RateLimiter, SlidingWindowCounter,
+        SlidingWindowLog, TokenBucket, check_chain,
+    };
+
+    /// Each link twice: the one the chains use, and a shadow that receives only the costs of
+    /// admitted chains. Peeks compare all decision fields.
+    struct Pair<A: Algorithm> {
+        link: RateLimiter<A, ManualClock>,
+        shadow: RateLimiter<A, ManualClock>,
+    }
+
+    impl<A: Algorithm + Copy> Pair<A> {
+        fn new(algorithm: A, quota: &str, clock: &ManualClock) -> Self {
+            let make = || RateLimiter::with_clock(algorithm, quota.parse().unwrap(), clock.clone()).unwrap();
+            Self {
+                link: make(),
+                shadow: make(),
+            }
+        }
+    }
+
+    trait Shadowed {
+        fn link(&self) -> &dyn Link;
+        fn peeks(&self) -> (Decision, Decision);
+        fn admit_shadow(&self, cost: u64) -> bool;
+    }
+
+    impl<A: Algorithm> Shadowed for Pair<A> {
+        fn link(&self) -> &dyn Link {
+            &self.link
+        }
+        fn peeks(&self) -> (Decision, Decision) {
+            (self.link.check_n(0).unwrap(), self.shadow.check_n(0).unwrap())
+        }
+        fn admit_shadow(&self, cost: u64) -> bool {
+            self.shadow.check_n(cost).unwrap().is_allowed()
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        /// A chain is admitted exactly when every link has room for its cost, and then takes
+        /// exactly those costs; a denied chain leaves every link as it was.
+        #[test]
+        fn chains_match_independent_links_that_see_only_admitted_chains(
+            ops in prop::collection::vec((0u64..400_000_000, prop::collection::vec(0u64..=6, 5), 1usize..=5), 1..80)
+        ) {
+            let clock = ManualClock::new(0);
+            let links: Vec<Box<dyn Shadowed>> = vec![
+                Box::new(Pair::new(TokenBucket, "5/s burst 8", &clock)),
+                Box::new(Pair::new(FixedWindow, "10/s", &clock)),
+                Box::new(Pair::new(SlidingWindowLog, "7/s", &clock)),
+                Box::new(Pair::new(SlidingWindowCounter, "9/s", &clock)),
+                Box::new(Pair::new(LeakyBucket::meter(), "3/s burst 6", &clock)),
+            ];
+            for (advance, costs, len) in ops {
+                clock.advance_nanos(advance);
+                // A chain over the first `len` links, rotated by the clock so orders vary.
+                let start = (advance % 5) as usize;
+                let chosen: Vec<usize> = (0..len).map(|i| (start + i) % 5).collect();
+                let chain: Vec<(&dyn Link, u64)> = chosen.iter().map(|&i| (links[i].link(), costs[i])).collect();
+                let room: Vec<bool> = chosen.iter().map(|&i| costs[i] <= links[i].peeks().1.remaining()).collect();
+                let decision = check_chain(&chain).unwrap();
+                prop_assert_eq!(decision.is_allowed(), room.iter().all(|&r| r));
+                prop_assert_eq!(decision.denied_by(), room.iter().position(|&r| !r));
+                if decision.is_allowed() {
+                    for &i in &chosen {
+                        prop_assert!(links[i].admit_shadow(costs[i]));
+                    }
+                }
+                for (i, link) in links.iter().enumerate() {
+                    let (real, shadow) = link.peeks();
+                    prop_assert_eq!(real, shadow, "link {}", i);
+                }
+            }
+        }
+    }
+}
