@@ -1,8 +1,8 @@
 //! The async acquire, on tokio's timer: the head sleeps until its retry-after inside its own
 //! future; the others sleep until woken.
 
-use std::future::poll_fn;
-use std::pin::pin;
+use std::future::{Future, poll_fn};
+use std::pin::{Pin, pin};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -27,12 +27,23 @@ pub(crate) async fn acquire<H: Host>(
         Arrival::Granted(grant) => return Ok(grant),
         Arrival::Queued(id) => id,
     };
-    let mut ticket = Ticket::new(host, id, cost);
+    // Boxed: the timers live only in futures that wait, so one that does not stays small.
+    let wait: Pin<Box<dyn Future<Output = Result<H::Grant, WaitError>> + Send + '_>> =
+        Box::pin(wait_turn(Ticket::new(host, id, cost), timeout));
+    wait.await
+}
+
+/// Waits in the queue until granted, evicted or timed out.
+async fn wait_turn<H: Host>(
+    mut ticket: Ticket<'_, H>,
+    timeout: Option<Duration>,
+) -> Result<H::Grant, WaitError> {
+    let cost = ticket.cost;
     let start = Instant::now();
     let waited = timeout.unwrap_or(Duration::MAX);
     let deadline = timeout.map(|t| after(start, t));
     let mut deadline_timer = pin!(deadline.map(sleep_until));
-    let mut nap: std::pin::Pin<&mut Sleep> = pin!(sleep_until(start));
+    let mut nap: Pin<&mut Sleep> = pin!(sleep_until(start));
     poll_fn(|cx| {
         if let Some(timer) = deadline_timer.as_mut().as_pin_mut() {
             if timer.poll(cx).is_ready() {
