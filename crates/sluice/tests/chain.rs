@@ -162,6 +162,24 @@ fn a_give_back_after_a_quota_change_gives_nothing_back() {
     assert_eq!(a.check_n(0).unwrap().remaining(), 16);
 }
 
+#[test]
+fn a_keyed_link_refreshes_its_quota_as_a_check_does() {
+    let clock = ManualClock::new(0);
+    let quotas = sluice::StaticQuotas::from_iter([("a".to_string(), "5/s".parse().unwrap())]);
+    let limiter = KeyedLimiter::builder(TokenBucket, "1/s".parse().unwrap())
+        .source(quotas)
+        .refresh_every(Duration::from_secs(1))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let link = KeyedLink::new(&limiter, "a");
+    assert_eq!(link.take(1).unwrap().0.remaining(), 4);
+    let fetched = limiter.metrics().fetches;
+    clock.advance(Duration::from_secs(2));
+    link.take(1).unwrap();
+    assert_eq!(limiter.metrics().fetches, fetched + 1);
+}
+
 mod model {
     use proptest::prelude::*;
     use sluice::{

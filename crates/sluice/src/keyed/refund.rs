@@ -34,7 +34,7 @@ where
                     let now = inner.clock.now();
                     let since = entry.since_epoch(now);
                     if since <= entry.limit.horizon {
-                        entry.touch();
+                        let seen = entry.touch();
                         let limit = &entry.limit;
                         let result = decide(
                             &inner.algorithm,
@@ -45,7 +45,13 @@ where
                             cost,
                         );
                         if let Some(result) = result {
-                            return result.map(|d| (d, Receipt::new(since, entry.epoch)));
+                            let receipt = Receipt::new(since, entry.epoch);
+                            let refresh = inner.claim_refresh(entry, seen, now);
+                            drop(guard);
+                            if refresh {
+                                self.refresh(key.to_owned().into());
+                            }
+                            return result.map(|d| (d, receipt));
                         }
                     }
                 }
