@@ -443,3 +443,78 @@ fn a_released_permit_wakes_a_blocked_thread() {
     assert_eq!(waiter.join().unwrap(), Ok(2));
     assert_eq!(limiter.available(), 2);
 }
+
+// Many threads and tasks at once: no lost wake-up (every waiter is granted well within a
+// generous timeout) and never more permits out than exist.
+
+#[test]
+fn eight_threads_share_concurrency_permits_without_lost_wakeups() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let limiter = WaitingConcurrency::new(4, WaitPolicy::wait().queue_limit(u64::MAX));
+    let in_use = AtomicU64::new(0);
+    let peak = AtomicU64::new(0);
+    thread::scope(|s| {
+        for t in 0..8u64 {
+            let (limiter, in_use, peak) = (&limiter, &in_use, &peak);
+            s.spawn(move || {
+                for i in 0..300u64 {
+                    let permits = 1 + (t + i) % 3;
+                    let permit = limiter
+                        .acquire_blocking_within(permits, Duration::from_secs(60))
+                        .unwrap();
+                    let now = in_use.fetch_add(permits, Ordering::SeqCst) + permits;
+                    peak.fetch_max(now, Ordering::SeqCst);
+                    if i % 7 == 0 {
+                        thread::yield_now();
+                    }
+                    in_use.fetch_sub(permits, Ordering::SeqCst);
+                    drop(permit);
+                }
+            });
+        }
+    });
+    assert!(peak.load(Ordering::SeqCst) <= 4);
+    assert_eq!(limiter.available(), 4);
+    assert_eq!(limiter.waiters(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_tasks_on_two_workers_are_all_granted_by_a_rate_limit() {
+    let limiter = RateLimiter::new(TokenBucket, "5000/s burst 5".parse().unwrap()).unwrap();
+    let waiting = Arc::new(WaitingLimiter::new(
+        limiter,
+        WaitPolicy::wait().queue_limit(u64::MAX),
+    ));
+    let tasks: Vec<_> = (0..500u64)
+        .map(|i| {
+            let waiting = Arc::clone(&waiting);
+            tokio::spawn(async move { waiting.acquire_within(1 + i % 3, Duration::from_secs(60)).await })
+        })
+        .collect();
+    for task in tasks {
+        assert!(task.await.unwrap().is_ok());
+    }
+    assert_eq!(waiting.waiters(), 0);
+    assert_eq!(waiting.queued(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_tasks_on_two_workers_share_concurrency_permits() {
+    let limiter = WaitingConcurrency::new(3, WaitPolicy::wait().queue_limit(u64::MAX));
+    let tasks: Vec<_> = (0..400u64)
+        .map(|i| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move {
+                let permit = limiter.acquire_within(1 + i % 3, Duration::from_secs(60)).await?;
+                yield_now().await;
+                drop(permit);
+                Ok::<_, WaitError>(())
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+    assert_eq!(limiter.available(), 3);
+    assert_eq!(limiter.waiters(), 0);
+}
