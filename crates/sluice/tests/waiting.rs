@@ -1,6 +1,7 @@
 //! Waiting for capacity: queue order, eviction, cancellation, timeouts, queue limits, on the
 //! direct, keyed and concurrency limiters, async (tokio, mostly with paused time and
 //! `TokioClock`, so waits are simulated and deterministic) and blocking (real threads).
+#![cfg(feature = "wait")]
 
 use std::future::Future;
 use std::pin::Pin;

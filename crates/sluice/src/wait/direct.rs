@@ -24,17 +24,7 @@ use crate::{Algorithm, CheckError, Clock, Decision, MonotonicClock, RateLimiter}
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///
-/// With the `wait` feature, on tokio:
-/// ```
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use sluice::{RateLimiter, TokenBucket, WaitPolicy, WaitingLimiter};
-/// let waiting = WaitingLimiter::new(RateLimiter::new(TokenBucket, "100/s".parse()?)?, WaitPolicy::wait());
-/// let decision = waiting.acquire(3).await?;
-/// assert!(decision.is_allowed());
-/// # Ok(())
-/// # }
-/// ```
+/// With the `wait` feature, [`WaitingLimiter::acquire`] waits asynchronously, on tokio.
 pub struct WaitingLimiter<A: Algorithm, C: Clock = MonotonicClock> {
     limiter: RateLimiter<A, C>,
     policy: WaitPolicy,
