@@ -167,7 +167,7 @@ impl Algorithm for SlidingWindowCounter {
         let window = taken_at / params.window;
         if window == c.window {
             c.current -= cost.min(c.current);
-        } else if window + 1 == c.window {
+        } else if window.checked_add(1) == Some(c.window) {
             c.previous -= cost.min(c.previous);
         }
         true

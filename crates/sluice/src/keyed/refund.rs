@@ -76,7 +76,7 @@ where
         let guard = read(inner.shard(hash));
         if let Some(i) = guard.find(hash, key) {
             let entry = &guard.entries[i];
-            if entry.epoch == receipt.tag() {
+            if entry.epoch == receipt.tag() && receipt.at() <= entry.limit.horizon {
                 let params = &entry.limit.params;
                 inner.algorithm.refund(params, &entry.state, receipt.at(), cost);
             }

@@ -36,7 +36,9 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
     /// that take apart, and keeping it only under-admits.
     pub(crate) fn refund_n(&self, receipt: Receipt, cost: u64) {
         let limit = self.current();
-        if std::ptr::from_ref(limit) as usize as u64 == receipt.tag() {
+        // A receipt of another state, or one no take could have produced, gives nothing back.
+        let in_range = receipt.at() <= limit.last_valid - limit.epoch;
+        if std::ptr::from_ref(limit) as usize as u64 == receipt.tag() && in_range {
             self.algorithm
                 .refund(&limit.params, &limit.state, receipt.at(), cost);
         }
