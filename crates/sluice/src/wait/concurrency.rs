@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::queue::{Queue, Take};
 use super::{Host, WaitError, WaitPolicy, acquire_blocking};
-use crate::{AcquireError, ConcurrencyLimiter, OwnedPermit};
+use crate::{AcquireError, ConcurrencyLimiter};
 
 /// A [`ConcurrencyLimiter`] whose callers can wait for permits, in a queue, by a
 /// [`WaitPolicy`]. Cloning shares it.
@@ -32,7 +32,7 @@ pub struct WaitingConcurrency {
 }
 
 struct Shared {
-    limiter: Arc<ConcurrencyLimiter>,
+    limiter: ConcurrencyLimiter,
     policy: WaitPolicy,
     queue: Mutex<Queue>,
     waiters: AtomicUsize,
@@ -62,7 +62,7 @@ impl std::fmt::Debug for Shared {
 #[derive(Debug)]
 #[must_use = "the permits are released as soon as the guard is dropped"]
 pub struct QueuedPermit {
-    permit: Option<OwnedPermit>,
+    permits: u64,
     shared: Arc<Shared>,
 }
 
@@ -77,13 +77,13 @@ impl QueuedPermit {
     /// # Ok::<(), sluice::WaitError>(())
     /// ```
     pub fn permits(&self) -> u64 {
-        self.permit.as_ref().map_or(0, OwnedPermit::permits)
+        self.permits
     }
 }
 
 impl Drop for QueuedPermit {
     fn drop(&mut self) {
-        drop(self.permit.take());
+        self.shared.limiter.release(self.permits);
         // Pairs with the fence in `take`: either the head sees these permits, or this sees
         // the head waiting and wakes it.
         fence(Ordering::SeqCst);
@@ -106,7 +106,7 @@ impl WaitingConcurrency {
     pub fn new(capacity: u64, policy: WaitPolicy) -> Self {
         Self {
             shared: Arc::new(Shared {
-                limiter: Arc::new(ConcurrencyLimiter::new(capacity)),
+                limiter: ConcurrencyLimiter::new(capacity),
                 policy,
                 queue: Mutex::new(Queue::default()),
                 waiters: AtomicUsize::new(0),
@@ -150,9 +150,9 @@ impl WaitingConcurrency {
         self.shared.waiters.load(Ordering::SeqCst)
     }
 
-    fn wrap(&self, permit: OwnedPermit) -> QueuedPermit {
+    fn wrap(&self, permits: u64) -> QueuedPermit {
         QueuedPermit {
-            permit: Some(permit),
+            permits,
             shared: Arc::clone(&self.shared),
         }
     }
@@ -248,18 +248,19 @@ impl WaitingConcurrency {
 }
 
 impl Host for Shared {
-    type Grant = OwnedPermit;
+    /// The permits taken; the caller wraps them in a guard.
+    type Grant = u64;
 
     fn policy(&self) -> &WaitPolicy {
         &self.policy
     }
 
     #[inline]
-    fn take(&self, permits: u64) -> Take<OwnedPermit> {
+    fn take(&self, permits: u64) -> Take<u64> {
         // Pairs with the fence in `QueuedPermit::drop` (see there).
         fence(Ordering::SeqCst);
-        match self.limiter.try_acquire_owned(permits) {
-            Ok(permit) => Take::Granted(permit),
+        match self.limiter.take(permits) {
+            Ok(()) => Take::Granted(permits),
             Err(AcquireError::Exhausted { .. }) => Take::Retry(None),
             Err(AcquireError::ExceedsCapacity { capacity, .. }) => Take::Never { capacity },
         }
