@@ -100,7 +100,7 @@ impl ConcurrencyLimiter {
         })
     }
 
-    fn take(&self, n: u64) -> Result<(), AcquireError> {
+    pub(crate) fn take(&self, n: u64) -> Result<(), AcquireError> {
         if n > self.capacity {
             return Err(AcquireError::ExceedsCapacity {
                 requested: n,
@@ -119,7 +119,7 @@ impl ConcurrencyLimiter {
             })
     }
 
-    fn release(&self, n: u64) {
+    pub(crate) fn release(&self, n: u64) {
         self.in_use.fetch_sub(n, Ordering::AcqRel);
     }
 }

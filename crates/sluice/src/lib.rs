@@ -13,6 +13,10 @@
 //!
 //! and beside them a [`ConcurrencyLimiter`] (permits held until released).
 //!
+//! A request without capacity can also wait for it, in a bounded queue served oldest- or
+//! newest-first ([`wait`]: [`WaitingLimiter`], [`WaitingKeyed`], [`WaitingConcurrency`]), and
+//! one request can answer to several limits at once, all or nothing ([`chain`]).
+//!
 //! Every check returns a [`Decision`]: allowed or not, the limit, what remains, when the limit
 //! is full again and, when denied, exactly when this cost could be admitted. Decisions are
 //! exact: time is an integer count of nanoseconds from a [`Clock`], rates are integer ratios,
@@ -35,6 +39,7 @@
 
 pub mod algorithm;
 mod backend;
+pub mod chain;
 mod clock;
 mod concurrency;
 mod decision;
@@ -42,11 +47,13 @@ mod error;
 pub mod keyed;
 mod limiter;
 mod quota;
+pub mod wait;
 
 pub use algorithm::{
     Algorithm, FixedWindow, LeakyBucket, SlidingWindowCounter, SlidingWindowLog, TokenBucket,
 };
 pub use backend::AsyncLimiter;
+pub use chain::{ChainDecision, ChainError, KeyedLink, Link, Receipt, check_chain};
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use concurrency::{AcquireError, ConcurrencyLimiter, OwnedPermit, Permit};
 pub use decision::Decision;
@@ -57,3 +64,8 @@ pub use keyed::{
 };
 pub use limiter::RateLimiter;
 pub use quota::{MAX_SCALED_BURST, Quota, QuotaError};
+#[cfg(feature = "wait")]
+pub use wait::TokioClock;
+pub use wait::{
+    QueueOrder, QueuedPermit, WaitError, WaitPolicy, WaitingConcurrency, WaitingKeyed, WaitingLimiter,
+};

@@ -1,5 +1,7 @@
 //! A single limit shared by many threads: the direct limiter.
 
+mod refund;
+
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Mutex, PoisonError};
 

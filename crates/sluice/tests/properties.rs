@@ -410,3 +410,146 @@ fn deny_all_denies_every_cost() {
     }
     assert!(!limiter.check().is_allowed());
 }
+
+// ---------------------------------------------------------------------------------------------
+// Refunds: giving back a take leaves every algorithm as if the take had never happened.
+// ---------------------------------------------------------------------------------------------
+
+/// A model that can also give back `cost` admitted at `taken_at`, at `now`.
+trait RefundModel: Model {
+    fn refund(&mut self, now: u64, taken_at: u64, cost: u64);
+}
+
+impl RefundModel for Bucket {
+    fn refund(&mut self, now: u64, _: u64, cost: u64) {
+        let full = (self.cap * self.p) as i128;
+        if now > self.last {
+            self.tokens = (self.tokens + (u128::from(now - self.last) * self.c) as i128).min(full);
+            self.last = now;
+        }
+        self.tokens = (self.tokens + (u128::from(cost) * self.p) as i128).min(full);
+    }
+}
+
+impl RefundModel for Level {
+    fn refund(&mut self, now: u64, _: u64, cost: u64) {
+        if now > self.last {
+            self.level = self.level.saturating_sub(u128::from(now - self.last) * self.c);
+            self.last = now;
+        }
+        self.level = self.level.saturating_sub(u128::from(cost) * self.p);
+    }
+}
+
+impl RefundModel for Windows {
+    fn refund(&mut self, _: u64, taken_at: u64, cost: u64) {
+        let index = (taken_at - self.epoch) / self.len;
+        *self.counts.get_mut(&index).unwrap() -= cost;
+    }
+}
+
+impl RefundModel for UnitLog {
+    fn refund(&mut self, _: u64, taken_at: u64, cost: u64) {
+        for _ in 0..cost {
+            let i = self.admitted.iter().rposition(|&at| at == taken_at).unwrap();
+            self.admitted.remove(i);
+        }
+    }
+}
+
+impl RefundModel for WeightedWindows {
+    fn refund(&mut self, _: u64, taken_at: u64, cost: u64) {
+        let index = (taken_at - self.epoch) / self.len;
+        *self.counts.get_mut(&index).unwrap() -= cost;
+    }
+}
+
+/// Runs `ops` (clock advance, cost, action) through a limiter, taking through [`Link`] and
+/// giving back an earlier admitted take when `action` says so; every decision must match the
+/// model, which gives back the same take.
+fn run_with_refunds<A: Algorithm>(
+    algorithm: A,
+    quota: Quota,
+    start: u64,
+    model: &mut dyn RefundModel,
+    ops: &[(u64, u64, u8)],
+) {
+    use sluice::{Link, Receipt};
+    let clock = ManualClock::new(start);
+    let limiter = RateLimiter::with_clock(algorithm, quota, clock.clone()).unwrap();
+    let mut outstanding: Vec<(Receipt, u64, u64)> = Vec::new();
+    for (step, &(advance, cost, action)) in ops.iter().enumerate() {
+        clock.advance_nanos(advance);
+        let now = clock_now(&clock);
+        if action % 3 == 0 && !outstanding.is_empty() {
+            let (receipt, taken_at, cost) = outstanding.remove(usize::from(action) % outstanding.len());
+            limiter.give_back(receipt, cost);
+            model.refund(now, taken_at, cost);
+            continue;
+        }
+        let cost = cost.min(quota.capacity());
+        let (got, receipt) = limiter.take(cost).unwrap();
+        assert_eq!(
+            observed(&got),
+            model.check(now, cost),
+            "step {step} at t={now} cost={cost} quota={quota}"
+        );
+        if got.is_allowed() && cost > 0 {
+            outstanding.push((receipt, now, cost));
+        }
+    }
+}
+
+fn refund_ops(quota: Quota) -> impl Strategy<Value = Vec<(u64, u64, u8)>> {
+    ops_strategy(quota).prop_flat_map(|ops| {
+        let n = ops.len();
+        (Just(ops), prop::collection::vec(any::<u8>(), n)).prop_map(|(ops, actions)| {
+            ops.into_iter()
+                .zip(actions)
+                .map(|((a, c), x)| (a, c, x))
+                .collect()
+        })
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn token_bucket_refund_matches_model((quota, ops) in quota_strategy().prop_flat_map(|q| (Just(q), refund_ops(q))), start in start_strategy()) {
+        run_with_refunds(TokenBucket, quota, start, &mut Bucket::new(&quota, start, 0), &ops);
+    }
+
+    #[test]
+    fn leaky_meter_refund_matches_model((quota, ops) in quota_strategy().prop_flat_map(|q| (Just(q), refund_ops(q))), start in start_strategy()) {
+        let (c, p) = quota.reduced_rate();
+        let mut model = Level { cap: quota.capacity().into(), c: c.into(), p: p.into(), level: 0, last: start };
+        run_with_refunds(LeakyBucket::meter(), quota, start, &mut model, &ops);
+    }
+
+    #[test]
+    fn leaky_shaper_refund_matches_model((quota, ops) in quota_strategy().prop_flat_map(|q| (Just(q), refund_ops(q))), start in start_strategy(), delay_intervals in 0u64..6) {
+        let (c, p) = quota.reduced_rate();
+        let max_delay = delay_intervals * (p / c).max(1);
+        let shaper = LeakyBucket::shaper(Duration::from_nanos(max_delay));
+        run_with_refunds(shaper, quota, start, &mut Bucket::new(&quota, start, max_delay), &ops);
+    }
+
+    #[test]
+    fn fixed_window_refund_matches_model((quota, ops) in quota_strategy().prop_flat_map(|q| (Just(q), refund_ops(q))), start in start_strategy()) {
+        let mut model = Windows { epoch: start, len: quota.fill_time_nanos(), limit: quota.capacity(), counts: HashMap::new() };
+        run_with_refunds(FixedWindow, quota, start, &mut model, &ops);
+    }
+
+    #[test]
+    fn sliding_log_refund_matches_model((quota, ops) in quota_strategy().prop_flat_map(|q| (Just(q), refund_ops(q))), start in start_strategy()) {
+        let mut model = UnitLog { len: quota.fill_time_nanos(), limit: quota.capacity(), admitted: Vec::new() };
+        run_with_refunds(SlidingWindowLog, quota, start, &mut model, &ops);
+    }
+
+    #[test]
+    fn sliding_counter_refund_matches_model((quota, ops) in small_window_quota().prop_flat_map(|q| (Just(q), refund_ops(q))), start in start_strategy()) {
+        let mut model = WeightedWindows { epoch: start, len: quota.fill_time_nanos(), limit: quota.capacity(), counts: HashMap::new() };
+        run_with_refunds(SlidingWindowCounter, quota, start, &mut model, &ops);
+    }
+}

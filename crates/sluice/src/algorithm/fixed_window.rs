@@ -141,6 +141,29 @@ impl Algorithm for FixedWindow {
         (shift, FixedWindowState(AtomicU64::new(used)))
     }
 
+    fn refund(&self, params: &WindowParams, state: &FixedWindowState, taken_at: u64, cost: u64) -> bool {
+        let base = taken_at / params.window * params.limit;
+        let mut total = state.0.load(Ordering::Acquire);
+        loop {
+            if total == RETIRED {
+                return false;
+            }
+            // Only while the state is still in the window of the take does it count. A later
+            // window that has admitted anything holds more than `base + limit`.
+            if total <= base || total > base + params.limit {
+                return true;
+            }
+            let back = total - cost.min(total - base);
+            match state
+                .0
+                .compare_exchange_weak(total, back, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return true,
+                Err(current) => total = current,
+            }
+        }
+    }
+
     fn is_idle(&self, params: &WindowParams, state: &FixedWindowState, now: u64) -> bool {
         let total = state.0.load(Ordering::Acquire);
         total != RETIRED && total <= now / params.window * params.limit

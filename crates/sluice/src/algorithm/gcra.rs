@@ -118,3 +118,28 @@ pub(crate) fn is_idle(params: &GcraParams, state: &GcraState, now: u64) -> bool 
     let tat = state.0.load(Ordering::Acquire);
     tat != RETIRED && tat <= now * params.c
 }
+
+/// Moves the TAT back by the cost, but not below the time the cost was taken: a TAT at or
+/// before that time already means a full bucket, so the result is the TAT the state would have
+/// had without the check.
+pub(crate) fn refund(params: &GcraParams, state: &GcraState, taken_at: u64, cost: u64) -> bool {
+    let floor = taken_at * params.c;
+    let cost_len = cost * params.p;
+    let mut tat = state.0.load(Ordering::Acquire);
+    loop {
+        if tat == RETIRED {
+            return false;
+        }
+        let back = tat.saturating_sub(cost_len).max(floor).min(tat);
+        if back == tat {
+            return true;
+        }
+        match state
+            .0
+            .compare_exchange_weak(tat, back, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => return true,
+            Err(current) => tat = current,
+        }
+    }
+}

@@ -90,6 +90,10 @@ impl Algorithm for LeakyBucket {
         gcra::carry_over(old, snapshot, new, now)
     }
 
+    fn refund(&self, params: &GcraParams, state: &GcraState, taken_at: u64, cost: u64) -> bool {
+        gcra::refund(params, state, taken_at, cost)
+    }
+
     fn is_idle(&self, params: &GcraParams, state: &GcraState, now: u64) -> bool {
         gcra::is_idle(params, state, now)
     }

@@ -84,6 +84,28 @@ pub trait Algorithm: Send + Sync + 'static {
         now: u64,
     ) -> (u64, Self::State);
 
+    /// Gives back `cost` units admitted by a check at `taken_at` (ns past the epoch, as given to
+    /// that check), as if that check had never consumed them, at whatever time the refund
+    /// comes. Returns `false` if the state was retired (nothing is given back; the caller may
+    /// keep the consumption, which only ever under-admits).
+    ///
+    /// Exact under concurrency: refunding what a check took leaves the state as it would be had
+    /// the check taken nothing, whatever other checks did in between. Consumption that no
+    /// longer counts (an expired window) is not given back, since it no longer matters.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{Algorithm, Quota, SlidingWindowLog};
+    /// let algo = SlidingWindowLog;
+    /// let params = algo.params(&"2/s".parse::<Quota>()?)?;
+    /// let state = algo.new_state(&params);
+    /// assert!(algo.check(&params, &state, 5, 2).unwrap().is_allowed());
+    /// assert!(algo.refund(&params, &state, 5, 2));
+    /// assert_eq!(algo.check(&params, &state, 6, 0).unwrap().remaining(), 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn refund(&self, params: &Self::Params, state: &Self::State, taken_at: u64, cost: u64) -> bool;
+
     /// Whether the state carries no information at `now`: forgetting it and starting afresh
     /// would decide every later check the same way (a full bucket, an expired window).
     fn is_idle(&self, params: &Self::Params, state: &Self::State, now: u64) -> bool;

@@ -158,6 +158,22 @@ impl Algorithm for SlidingWindowCounter {
         (now, CounterState(Mutex::new(counters)))
     }
 
+    fn refund(&self, params: &WindowParams, state: &CounterState, taken_at: u64, cost: u64) -> bool {
+        let mut c = lock(state);
+        if c.retired {
+            return false;
+        }
+        // The take counts in its own window while current, then as the previous window;
+        // later it weighs nothing.
+        let window = taken_at / params.window;
+        if window == c.window {
+            c.current -= cost.min(c.current);
+        } else if window.checked_add(1) == Some(c.window) {
+            c.previous -= cost.min(c.previous);
+        }
+        true
+    }
+
     fn is_idle(&self, params: &WindowParams, state: &CounterState, now: u64) -> bool {
         let mut c = *lock(state);
         c.roll(now, params.window);

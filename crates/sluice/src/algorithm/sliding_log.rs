@@ -148,6 +148,25 @@ impl Algorithm for SlidingWindowLog {
         (0, LogState(Mutex::new(log)))
     }
 
+    fn refund(&self, _: &WindowParams, state: &LogState, taken_at: u64, cost: u64) -> bool {
+        let mut log = lock(state);
+        if log.retired {
+            return false;
+        }
+        // The take is the newest entry at its time (entries at one instant share one); an
+        // expired entry is gone and counts no more.
+        if let Some(i) = log.entries.iter().rposition(|&(at, _)| at == taken_at) {
+            let units = &mut log.entries[i].1;
+            let back = cost.min(*units);
+            *units -= back;
+            if *units == 0 {
+                log.entries.remove(i);
+            }
+            log.total -= back;
+        }
+        true
+    }
+
     fn is_idle(&self, params: &WindowParams, state: &LogState, now: u64) -> bool {
         let log = lock(state);
         !log.retired && log.until_empty(now, params.window) == 0

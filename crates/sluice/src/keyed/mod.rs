@@ -15,6 +15,7 @@
 //! refused newcomer is decided on a fresh state and not stored.
 
 mod lock;
+mod refund;
 mod shard;
 mod sketch;
 mod source;

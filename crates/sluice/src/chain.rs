@@ -1,0 +1,361 @@
+//! Chains: several limits on one request, admitted all-or-nothing.
+//!
+//! A request often answers to more than one limit: its key's and the global one, a per-second
+//! and a per-hour limit, a cost of 5 on one and 1 on another. [`check_chain`] takes the cost
+//! from every link in order; if any link denies, everything taken is given back
+//! ([`Algorithm::refund`]), so a denied request consumes nothing anywhere, and the answer says
+//! which link denied and when the whole chain could admit (the latest retry-after of the
+//! denying links).
+//!
+//! While a chain is being decided, a concurrent check may see a link's tentative take (and be
+//! denied for it); no link ever admits more than its own limit.
+
+use std::borrow::Borrow;
+use std::hash::Hash;
+use std::time::Duration;
+
+use crate::{Algorithm, CheckError, Clock, Decision, KeyedLimiter, QuotaSource, RateLimiter};
+
+/// What a link needs to give back one take: the state it was decided on and when.
+///
+/// # Example
+/// ```
+/// use sluice::Receipt;
+/// let receipt = Receipt::new(1_000, 7);
+/// assert_eq!((receipt.at(), receipt.tag()), (1_000, 7));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Receipt {
+    at: u64,
+    tag: u64,
+}
+
+impl Receipt {
+    /// A receipt that gives nothing back (the take was not stored).
+    pub const NOTHING: Self = Self {
+        at: u64::MAX,
+        tag: u64::MAX,
+    };
+
+    /// A receipt for a take at `at` (as the link counts time) on the state named `tag`.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::Receipt;
+    /// assert_ne!(Receipt::new(0, 0), Receipt::NOTHING);
+    /// ```
+    pub const fn new(at: u64, tag: u64) -> Self {
+        Self { at, tag }
+    }
+
+    /// When the take happened, as the link counts time.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::Receipt;
+    /// assert_eq!(Receipt::new(5, 1).at(), 5);
+    /// ```
+    pub const fn at(&self) -> u64 {
+        self.at
+    }
+
+    /// Which state the take was decided on, as the link names it.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::Receipt;
+    /// assert_eq!(Receipt::new(5, 1).tag(), 1);
+    /// ```
+    pub const fn tag(&self) -> u64 {
+        self.tag
+    }
+}
+
+/// One limit of a chain: takes a cost and can give it back.
+///
+/// Implemented by [`RateLimiter`] and by [`KeyedLink`] (one key of a [`KeyedLimiter`]).
+///
+/// # Example
+/// ```
+/// use sluice::{Link, ManualClock, RateLimiter, TokenBucket};
+/// let limiter = RateLimiter::with_clock(TokenBucket, "3/s".parse()?, ManualClock::new(0))?;
+/// let (decision, receipt) = limiter.take(2)?;
+/// assert_eq!(decision.remaining(), 1);
+/// limiter.give_back(receipt, 2);
+/// assert_eq!(limiter.check_n(0)?.remaining(), 3);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub trait Link: Send + Sync {
+    /// Checks `cost`, consuming it if allowed, and returns what giving it back needs.
+    ///
+    /// # Errors
+    /// [`CheckError::CostExceedsCapacity`] if this link can never admit `cost`.
+    fn take(&self, cost: u64) -> Result<(Decision, Receipt), CheckError>;
+
+    /// Gives back `cost` admitted by [`Link::take`], as if it had never been taken.
+    fn give_back(&self, receipt: Receipt, cost: u64);
+}
+
+impl<A: Algorithm, C: Clock> Link for RateLimiter<A, C> {
+    fn take(&self, cost: u64) -> Result<(Decision, Receipt), CheckError> {
+        self.take_n(cost)
+    }
+
+    fn give_back(&self, receipt: Receipt, cost: u64) {
+        self.refund_n(receipt, cost);
+    }
+}
+
+/// One key of a [`KeyedLimiter`], as a link of a chain.
+///
+/// # Example
+/// ```
+/// use sluice::{KeyedLimiter, KeyedLink, Link, TokenBucket};
+/// let limiter = KeyedLimiter::<String, _>::builder(TokenBucket, "5/s".parse()?)
+///     .unknown_key_quota("5/s".parse()?)
+///     .build()?;
+/// let alice = KeyedLink::new(&limiter, "alice");
+/// assert_eq!(alice.take(5)?.0.remaining(), 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct KeyedLink<'a, K, A: Algorithm, S, C, Q: ?Sized> {
+    limiter: &'a KeyedLimiter<K, A, S, C>,
+    key: &'a Q,
+}
+
+impl<'a, K, A: Algorithm, S, C, Q: ?Sized> KeyedLink<'a, K, A, S, C, Q> {
+    /// The limit of `key` in `limiter`.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{KeyedLimiter, KeyedLink, RateLimiter, TokenBucket, check_chain};
+    /// let per_key = KeyedLimiter::<u64, _>::builder(TokenBucket, "1/s".parse()?)
+    ///     .unknown_key_quota("1/s".parse()?)
+    ///     .build()?;
+    /// let global = RateLimiter::new(TokenBucket, "100/s".parse()?)?;
+    /// assert!(check_chain(&[(&KeyedLink::new(&per_key, &42), 1), (&global, 1)])?.is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn new(limiter: &'a KeyedLimiter<K, A, S, C>, key: &'a Q) -> Self {
+        Self { limiter, key }
+    }
+}
+
+impl<K, A, S, C, Q> Link for KeyedLink<'_, K, A, S, C, Q>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static + Borrow<Q>,
+    A: Algorithm,
+    S: QuotaSource<K>,
+    C: Clock + 'static,
+    Q: Hash + Eq + ToOwned + Sync + ?Sized,
+    Q::Owned: Into<K>,
+{
+    fn take(&self, cost: u64) -> Result<(Decision, Receipt), CheckError> {
+        self.limiter.take_n(self.key, cost)
+    }
+
+    fn give_back(&self, receipt: Receipt, cost: u64) {
+        self.limiter.refund_n(self.key, receipt, cost);
+    }
+}
+
+/// The answer to a chain: admitted by every link, or denied with the first denying link and
+/// the time until the whole chain could admit.
+///
+/// # Example
+/// ```
+/// use sluice::{ManualClock, RateLimiter, TokenBucket, check_chain};
+/// let clock = ManualClock::new(0);
+/// let per_second = RateLimiter::with_clock(TokenBucket, "2/s".parse()?, clock.clone())?;
+/// let per_minute = RateLimiter::with_clock(TokenBucket, "3/min".parse()?, clock.clone())?;
+/// for _ in 0..2 {
+///     assert!(check_chain(&[(&per_second, 1), (&per_minute, 1)])?.is_allowed());
+/// }
+/// let denied = check_chain(&[(&per_second, 1), (&per_minute, 1)])?;
+/// assert_eq!(denied.denied_by(), Some(0));
+/// assert_eq!(per_minute.check_n(0)?.remaining(), 1); // the denial took nothing
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChainDecision {
+    decision: Decision,
+    denied_by: Option<usize>,
+    retry_after_ns: u64,
+}
+
+impl ChainDecision {
+    /// Whether every link admitted the request.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{ManualClock, RateLimiter, TokenBucket, check_chain};
+    /// let limiter = RateLimiter::with_clock(TokenBucket, "1/s".parse()?, ManualClock::new(0))?;
+    /// check_chain(&[(&limiter, 1)])?;
+    /// let denied = check_chain(&[(&limiter, 1)])?;
+    /// assert!(!denied.is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub const fn is_allowed(&self) -> bool {
+        self.denied_by.is_none()
+    }
+
+    /// The index of the first link that denied, if any.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{ManualClock, RateLimiter, TokenBucket, check_chain};
+    /// let limiter = RateLimiter::with_clock(TokenBucket, "1/s".parse()?, ManualClock::new(0))?;
+    /// check_chain(&[(&limiter, 1)])?;
+    /// let denied = check_chain(&[(&limiter, 1)])?;
+    /// assert_eq!(denied.denied_by(), Some(0));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub const fn denied_by(&self) -> Option<usize> {
+        self.denied_by
+    }
+
+    /// Time until every link that denied could admit its cost (the latest of their
+    /// retry-afters): zero if allowed. Other links may still deny then if others consume.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{ManualClock, RateLimiter, TokenBucket, check_chain};
+    /// let limiter = RateLimiter::with_clock(TokenBucket, "1/s".parse()?, ManualClock::new(0))?;
+    /// check_chain(&[(&limiter, 1)])?;
+    /// let denied = check_chain(&[(&limiter, 1)])?;
+    /// assert_eq!(denied.retry_after().as_secs(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub const fn retry_after(&self) -> Duration {
+        Duration::from_nanos(self.retry_after_ns)
+    }
+
+    /// The decision of one link: the first that denied, or, if all admitted, the one with the
+    /// fewest units remaining (for rate-limit headers).
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{ManualClock, RateLimiter, TokenBucket, check_chain};
+    /// let limiter = RateLimiter::with_clock(TokenBucket, "1/s".parse()?, ManualClock::new(0))?;
+    /// check_chain(&[(&limiter, 1)])?;
+    /// let denied = check_chain(&[(&limiter, 1)])?;
+    /// assert_eq!(denied.decision().limit(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub const fn decision(&self) -> &Decision {
+        &self.decision
+    }
+}
+
+/// Why a chain could not be decided: one link can never admit its cost. Nothing was consumed.
+///
+/// # Example
+/// ```
+/// use sluice::{ChainError, RateLimiter, TokenBucket, check_chain};
+/// let small = RateLimiter::new(TokenBucket, "2/s".parse()?)?;
+/// let err = check_chain(&[(&small, 3)]).unwrap_err();
+/// assert_eq!(err, ChainError { link: 0, error: sluice::CheckError::CostExceedsCapacity { cost: 3, capacity: 2 } });
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("link {link} of the chain: {error}")]
+pub struct ChainError {
+    /// The index of the link.
+    pub link: usize,
+    /// Its error.
+    pub error: CheckError,
+}
+
+/// What the links decided so far.
+struct Verdict {
+    decision: Option<Decision>,
+    denied_by: Option<usize>,
+    retry_after_ns: u64,
+    error: Option<ChainError>,
+}
+
+impl Verdict {
+    fn admitted(&self) -> bool {
+        self.denied_by.is_none() && self.error.is_none()
+    }
+
+    fn record(&mut self, index: usize, decision: Decision) {
+        if decision.is_allowed() {
+            let tighter = self
+                .decision
+                .is_none_or(|d| d.is_allowed() && decision.remaining() < d.remaining());
+            if tighter {
+                self.decision = Some(decision);
+            }
+            return;
+        }
+        self.retry_after_ns = self.retry_after_ns.max(decision.retry_after_nanos());
+        if self.denied_by.is_none() {
+            self.denied_by = Some(index);
+            self.decision = Some(decision);
+        }
+    }
+}
+
+/// Checks one request against every link, each with its own cost, all or nothing.
+///
+/// Every link is asked in order (after a denial the later links are still asked, and given
+/// back at once, so the retry-after covers every denying link). If all admit, their takes
+/// stand; otherwise every take is given back before this returns.
+///
+/// # Errors
+/// [`ChainError`] if a link can never admit its cost; nothing is consumed.
+///
+/// # Example
+/// ```
+/// use sluice::{FixedWindow, KeyedLimiter, KeyedLink, ManualClock, RateLimiter, TokenBucket, check_chain};
+/// let clock = ManualClock::new(0);
+/// let global = RateLimiter::with_clock(FixedWindow, "10/s".parse()?, clock.clone())?;
+/// let per_key = KeyedLimiter::<String, _>::builder(TokenBucket, "5/s".parse()?)
+///     .unknown_key_quota("5/s".parse()?)
+///     .clock(clock.clone())
+///     .build()?;
+/// // An expensive call: 5 on its key, 1 globally.
+/// let d = check_chain(&[(&KeyedLink::new(&per_key, "alice"), 5), (&global, 1)])?;
+/// assert!(d.is_allowed());
+/// let d = check_chain(&[(&KeyedLink::new(&per_key, "alice"), 5), (&global, 1)])?;
+/// assert_eq!(d.denied_by(), Some(0));
+/// assert_eq!(global.check_n(0)?.remaining(), 9);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn check_chain(links: &[(&dyn Link, u64)]) -> Result<ChainDecision, ChainError> {
+    let mut verdict = Verdict {
+        decision: None,
+        denied_by: None,
+        retry_after_ns: 0,
+        error: None,
+    };
+    take_from(links, 0, &mut verdict);
+    if let Some(error) = verdict.error {
+        return Err(error);
+    }
+    Ok(ChainDecision {
+        // An empty chain admits, with nothing to report.
+        decision: verdict.decision.unwrap_or(Decision::allowed(0, 0, 0)),
+        denied_by: verdict.denied_by,
+        retry_after_ns: verdict.retry_after_ns,
+    })
+}
+
+/// Takes from link `i` and the rest, then gives back link `i`'s take if the chain failed. The
+/// recursion keeps each receipt on the stack: no allocation.
+fn take_from(links: &[(&dyn Link, u64)], i: usize, verdict: &mut Verdict) {
+    let Some(&(link, cost)) = links.get(i) else { return };
+    match link.take(cost) {
+        Err(error) => verdict.error = Some(ChainError { link: i, error }),
+        Ok((decision, receipt)) => {
+            verdict.record(i, decision);
+            if verdict.error.is_none() {
+                take_from(links, i + 1, verdict);
+            }
+            if decision.is_allowed() && !verdict.admitted() && cost > 0 {
+                link.give_back(receipt, cost);
+            }
+        }
+    }
+}

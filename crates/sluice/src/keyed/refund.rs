@@ -1,0 +1,85 @@
+//! Taking with a receipt and giving back: what a chain needs from the keyed limiter.
+
+use std::borrow::Borrow;
+use std::hash::{BuildHasher, Hash};
+
+use super::{KeyedLimiter, QuotaSource, read};
+use crate::chain::Receipt;
+use crate::limiter::decide;
+use crate::{Algorithm, CheckError, Clock, Decision};
+
+impl<K, A, S, C> KeyedLimiter<K, A, S, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    A: Algorithm,
+    S: QuotaSource<K>,
+    C: Clock + 'static,
+{
+    /// [`KeyedLimiter::check_n`], also returning what a refund needs: the entry's epoch and the
+    /// time given to the algorithm. A key that is not stored (refused by a full store) is
+    /// decided on a scratch state and its receipt gives nothing back.
+    pub(crate) fn take_n<Q>(&self, key: &Q, cost: u64) -> Result<(Decision, Receipt), CheckError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        let inner = &*self.inner;
+        let hash = inner.hasher.hash_one(key);
+        for _ in 0..2 {
+            {
+                let guard = read(inner.shard(hash));
+                if let Some(i) = guard.find(hash, key) {
+                    let entry = &guard.entries[i];
+                    let now = inner.clock.now();
+                    let since = entry.since_epoch(now);
+                    if since <= entry.limit.horizon {
+                        let seen = entry.touch();
+                        let limit = &entry.limit;
+                        let result = decide(
+                            &inner.algorithm,
+                            &limit.quota,
+                            &limit.params,
+                            &entry.state,
+                            since,
+                            cost,
+                        );
+                        if let Some(result) = result {
+                            let receipt = Receipt::new(since, entry.epoch);
+                            let refresh = inner.claim_refresh(entry, seen, now);
+                            drop(guard);
+                            if refresh {
+                                self.refresh(key.to_owned().into());
+                            }
+                            return result.map(|d| (d, receipt));
+                        }
+                    }
+                }
+            }
+            // New key or an epoch to move: the ordinary path does it (a peek consumes nothing).
+            self.check_n(key, 0)?;
+        }
+        self.check_n(key, cost).map(|d| (d, Receipt::NOTHING))
+    }
+
+    /// Gives back `cost` taken by [`Self::take_n`], if the key still holds the same state.
+    pub(crate) fn refund_n<Q>(&self, key: &Q, receipt: Receipt, cost: u64)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        if receipt == Receipt::NOTHING {
+            return;
+        }
+        let inner = &*self.inner;
+        let hash = inner.hasher.hash_one(key);
+        let guard = read(inner.shard(hash));
+        if let Some(i) = guard.find(hash, key) {
+            let entry = &guard.entries[i];
+            if entry.epoch == receipt.tag() && receipt.at() <= entry.limit.horizon {
+                let params = &entry.limit.params;
+                inner.algorithm.refund(params, &entry.state, receipt.at(), cost);
+            }
+        }
+    }
+}
