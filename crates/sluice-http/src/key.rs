@@ -127,6 +127,28 @@ impl KeySource {
         self.parts.contains(&KeyPart::ClientIp)
     }
 
+    /// The key of a request made of one header or bearer part, read in place (`None` when
+    /// the key has to be built).
+    pub(crate) fn borrowed_key<'a>(
+        &'a self,
+        headers: &'a HeaderMap,
+    ) -> Option<Result<&'a str, KeyRejection>> {
+        match self.parts.as_slice() {
+            [part] if *part != KeyPart::ClientIp => Some(
+                self.text_part(part, headers)
+                    .map(|text| text.unwrap_or(&self.default_key))
+                    .and_then(|text| {
+                        if text.len() > self.max_len {
+                            Err(KeyRejection::TooLong)
+                        } else {
+                            Ok(text)
+                        }
+                    }),
+            ),
+            _ => None,
+        }
+    }
+
     /// The key of a request. A part that is absent (no such header, no bearer token, no known
     /// address) reads as the default key.
     pub(crate) fn key<'a>(
@@ -135,17 +157,8 @@ impl KeySource {
         ip: Option<IpAddr>,
         buf: &'a mut KeyBuf,
     ) -> Result<&'a str, KeyRejection> {
-        if let [part] = self.parts.as_slice() {
-            if let KeyPart::ClientIp = part {
-                self.write_ip(ip, buf)?;
-                return Ok(buf.as_str());
-            }
-            let text = self.text_part(part, headers)?.unwrap_or(&self.default_key);
-            return if text.len() > self.max_len {
-                Err(KeyRejection::TooLong)
-            } else {
-                Ok(text)
-            };
+        if let Some(key) = self.borrowed_key(headers) {
+            return key;
         }
         for (i, part) in self.parts.iter().enumerate() {
             if i > 0 {

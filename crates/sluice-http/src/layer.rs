@@ -57,19 +57,24 @@ enum Verdict {
 impl Policy {
     fn decide<B>(&self, request: &Request<B>) -> Verdict {
         let headers = request.headers();
-        let ip = if self.keys.needs_ip() {
-            request
-                .extensions()
-                .get::<PeerAddr>()
-                .map(|peer| self.proxies.client_ip(peer.0.ip(), headers))
-        } else {
-            None
-        };
-        let mut buf = KeyBuf::new(self.keys.max_len);
-        let key = match self.keys.key(headers, ip, &mut buf) {
-            Ok(key) => key,
-            Err(rejection) => return Verdict::BadKey(rejection),
-        };
+        match self.keys.borrowed_key(headers) {
+            Some(Ok(key)) => self.decide_for(request, key),
+            Some(Err(rejection)) => Verdict::BadKey(rejection),
+            None => {
+                let ip = request
+                    .extensions()
+                    .get::<PeerAddr>()
+                    .map(|peer| self.proxies.client_ip(peer.0.ip(), headers));
+                let mut buf = KeyBuf::new(self.keys.max_len);
+                match self.keys.key(headers, ip, &mut buf) {
+                    Ok(key) => self.decide_for(request, key),
+                    Err(rejection) => Verdict::BadKey(rejection),
+                }
+            }
+        }
+    }
+
+    fn decide_for<B>(&self, request: &Request<B>, key: &str) -> Verdict {
         if !self.bypass.is_empty() && self.bypass.contains(key) {
             return Verdict::Pass(None);
         }
@@ -316,9 +321,10 @@ impl<S: std::fmt::Debug> std::fmt::Debug for RateLimit<S> {
 fn plain<B: From<&'static str>>(status: StatusCode, body: &'static str) -> Response<B> {
     let mut response = Response::new(B::from(body));
     *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    let headers = response.headers_mut();
+    // Room for the rate-limit fields too, so the map is allocated once.
+    headers.reserve(8);
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
     response
 }
 

@@ -235,7 +235,9 @@ impl Client {
             headers,
             body: String::new(),
         };
-        let length = response.header("content-length").map_or(0, |v| v.parse().unwrap());
+        let length = response
+            .header("content-length")
+            .map_or(0, |v| v.parse().unwrap());
         let mut body = vec![0; length];
         self.reader.read_exact(&mut body).unwrap();
         response.body = String::from_utf8(body).unwrap();
