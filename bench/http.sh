@@ -9,14 +9,15 @@
 #   sluice bypass (control)    admin@example.com: the same server, the limiter skipped
 #   nginx limit_req            limit_req keyed by X-Account-ID at 1r/s (nearly every answer 429)
 #   nginx no limit             the same nginx, no limit_req
-# and prints the median requests/s of each with its ratio to sluice's control.
+# and prints the median requests/s and server CPU time per request of each, with the median
+# over rounds of its ratio to sluice's control in the same round.
 #
-# Usage: bench/http.sh [ROUNDS]   (default 3; DURATION=10s, CONNECTIONS=100 in the environment)
+# Usage: bench/http.sh [ROUNDS]   (default 5; DURATION=10s, CONNECTIONS=100 in the environment)
 # Installs wrk and nginx from Debian if missing (needs root or sudo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ROUNDS=${1:-3}
+ROUNDS=${1:-5}
 DURATION=${DURATION:-10s}
 CONNECTIONS=${CONNECTIONS:-100}
 NGINX_PORT=${NGINX_PORT:-18481}
@@ -129,15 +130,19 @@ for round in $(seq "$ROUNDS"); do
     total=$(awk '/requests in/ {print $1}' <<<"$out")
     non2xx=$(awk '/Non-2xx/ {print $5}' <<<"$out")
     cpu=$(awk -v t="$((after - before))" -v hz="$HZ" -v n="$total" 'BEGIN {printf "%.2f", t * 1e6 / hz / n}')
-    echo "$i $rps ${total:-0} ${non2xx:-0} $cpu" >>"$tmp/results"
+    echo "$i $rps ${total:-0} ${non2xx:-0} $cpu $round" >>"$tmp/results"
     printf '  round %d  %-26s %10s req/s  %6s us CPU/req  %s non-2xx of %s\n' \
       "$round" "$name" "$rps" "$cpu" "${non2xx:-0}" "$total"
   done
 done
 
 median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
-control=$(awk '$1 == 3 {print $2}' "$tmp/results" | median)
-control_cpu=$(awk '$1 == 3 {print $5}' "$tmp/results" | median)
+# Ratios are taken within each round (the runs minutes apart see different load from other
+# processes on the machine), then the median over rounds is reported.
+ratios() {
+  awk -v i="$1" -v f="$2" '$1 == 3 {c[$6] = $f} $1 == i {v[$6] = $f} END {for (r in v) print v[r] / c[r]}' \
+    "$tmp/results" | median
+}
 echo
 printf '| %-26s | %12s | %10s | %14s | %10s | %10s |\n' \
   "case" "median req/s" "vs control" "us CPU per req" "vs control" "non-2xx"
@@ -147,9 +152,7 @@ for i in "${!cases[@]}"; do
   IFS='|' read -r name _ _ _ <<<"${cases[$i]}"
   rps=$(awk -v i="$i" '$1 == i {print $2}' "$tmp/results" | median)
   cpu=$(awk -v i="$i" '$1 == i {print $5}' "$tmp/results" | median)
-  share=$(awk -v i="$i" '$1 == i {t += $3; n += $4} END {printf "%.1f%%", t ? 100 * n / t : 0}' "$tmp/results")
-  ratio=$(awk -v a="$rps" -v b="$control" 'BEGIN {printf "%.3f", a / b}')
-  cpu_ratio=$(awk -v a="$cpu" -v b="$control_cpu" 'BEGIN {printf "%.3f", a / b}')
-  printf '| %-26s | %12.0f | %10s | %14.2f | %10s | %10s |\n' \
-    "$name" "$rps" "$ratio" "$cpu" "$cpu_ratio" "$share"
+  share=$(awk -v i="$i" '$1 == i {t += $3; n += $4} END {printf "%.2f%%", t ? 100 * n / t : 0}' "$tmp/results")
+  printf '| %-26s | %12.0f | %10.3f | %14.2f | %10.3f | %10s |\n' \
+    "$name" "$rps" "$(ratios "$i" 2)" "$cpu" "$(ratios "$i" 5)" "$share"
 done

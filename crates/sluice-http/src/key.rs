@@ -8,6 +8,11 @@ use http::HeaderMap;
 use http::header::{AUTHORIZATION, HeaderName};
 
 /// The longest key that can ever be built (the configured maximum is capped to it).
+///
+/// # Example
+/// ```
+/// assert_eq!(sluice_http::MAX_KEY_LEN, 1024);
+/// ```
 pub const MAX_KEY_LEN: usize = 1024;
 
 /// One part of a request's key.
@@ -34,6 +39,12 @@ pub enum KeyPart {
 }
 
 /// A key part that could not be read from text.
+///
+/// # Example
+/// ```
+/// let e = "cookie".parse::<sluice_http::KeyPart>().unwrap_err();
+/// assert!(e.to_string().contains("expected `header:NAME`, `bearer` or `ip`"));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid key part {0:?}: expected `header:NAME`, `bearer` or `ip`")]
 pub struct KeyPartError(String);

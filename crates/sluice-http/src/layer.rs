@@ -18,9 +18,24 @@ use crate::key::{KeyBuf, KeyPart, KeyRejection, KeySource, MAX_KEY_LEN};
 use crate::{KeyLimiter, PeerAddr, RouteCosts, TrustedProxies};
 
 /// The body of a 429 response.
+///
+/// # Example
+/// ```
+/// assert_eq!(sluice_http::EXCEEDED_BODY, "Exceeded quota");
+/// ```
 pub const EXCEEDED_BODY: &str = "Exceeded quota";
 
 /// Why a [`RateLimitBuilder`] could not build a layer.
+///
+/// # Example
+/// ```
+/// use sluice::{KeyedLimiter, TokenBucket};
+/// use sluice_http::{BuildError, RateLimitLayer};
+/// let limiter = KeyedLimiter::<String, _>::builder(TokenBucket, "1/s".parse()?).build()?;
+/// let refused = RateLimitLayer::builder(limiter).key([]).build();
+/// assert_eq!(refused.unwrap_err(), BuildError::NoKeyParts);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BuildError {
     /// No key part was given.
@@ -92,7 +107,23 @@ impl Policy {
     }
 }
 
-/// Builds a [`RateLimitLayer`]; see there for an example.
+/// Builds a [`RateLimitLayer`].
+///
+/// # Example
+/// ```
+/// use sluice::{KeyedLimiter, TokenBucket};
+/// use sluice_http::{IpNet, KeyPart, RateLimitLayer, TrustedProxies};
+/// let limiter = KeyedLimiter::<String, _>::builder(TokenBucket, "100/s".parse()?).build()?;
+/// let layer = RateLimitLayer::builder(limiter)
+///     .key([KeyPart::Bearer, KeyPart::ClientIp])
+///     .default_key("nobody")
+///     .max_key_len(128)
+///     .trusted_proxies(TrustedProxies::new(["10.0.0.0/8".parse::<IpNet>()?]))
+///     .headers_on_allow(false)
+///     .build()?;
+/// assert!(layer.needs_peer_addr());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct RateLimitBuilder {
     limiter: Arc<dyn KeyLimiter>,
     parts: Vec<KeyPart>,
@@ -303,7 +334,19 @@ impl<S> Layer<S> for RateLimitLayer {
     }
 }
 
-/// The service made by [`RateLimitLayer`].
+/// The service made by [`RateLimitLayer`] around an inner service.
+///
+/// # Example
+/// ```
+/// use sluice::{KeyedLimiter, TokenBucket};
+/// use sluice_http::{RateLimit, RateLimitLayer};
+/// use tower_layer::Layer;
+/// # #[derive(Clone)] struct Inner;
+/// let limiter = KeyedLimiter::<String, _>::builder(TokenBucket, "1/s".parse()?).build()?;
+/// let service: RateLimit<Inner> = RateLimitLayer::builder(limiter).build()?.layer(Inner);
+/// let _copy = service.clone(); // clones share the limiter
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone)]
 pub struct RateLimit<S> {
     inner: S,
@@ -370,7 +413,8 @@ where
 
 pin_project! {
     /// The response of [`RateLimit`]: the inner service's (with the rate-limit fields added)
-    /// or the limiter's own 429 or 400.
+    /// or the limiter's own 429 or 400. Returned by `RateLimit::call`; see
+    /// [`RateLimitLayer`] for an example that polls it.
     pub struct ResponseFuture<F, B> {
         #[pin]
         kind: Kind<F, B>,

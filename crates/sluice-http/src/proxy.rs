@@ -40,6 +40,12 @@ pub struct IpNet {
 }
 
 /// An address range that could not be read.
+///
+/// # Example
+/// ```
+/// let e = "10.0.0.0/40".parse::<sluice_http::IpNet>().unwrap_err();
+/// assert!(e.to_string().contains("10.0.0.0/40"));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid address range {0:?}: expected an address or ADDRESS/PREFIX, e.g. \"10.0.0.0/8\"")]
 pub struct IpNetError(String);
