@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# HTTP throughput of `sluice serve` against nginx, all on 127.0.0.1, with seed 000's wrk run
+# (wrk -t1 -c100 -d10s). One run measures, in interleaved rounds:
+#   sluice limited, admitted   a limited account whose quota is never reached (every answer 200,
+#                              with the rate-limit fields)
+#   ... admitted, no fields    the same on a second sluice with `headers: false` (the limiter's
+#                              own cost, without the fields' cost)
+#   sluice limited, denied     alice@example.com at 1/s, as in the seed's run (nearly every answer 429)
+#   sluice bypass (control)    admin@example.com: the same server, the limiter skipped
+#   nginx limit_req            limit_req keyed by X-Account-ID at 1r/s (nearly every answer 429)
+#   nginx no limit             the same nginx, no limit_req
+# and prints the median requests/s and server CPU time per request of each, with the median
+# over rounds of its ratio to sluice's control in the same round.
+#
+# Usage: bench/http.sh [ROUNDS]   (default 5; DURATION=10s, CONNECTIONS=100 in the environment)
+# Installs wrk and nginx from Debian if missing (needs root or sudo).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ROUNDS=${1:-5}
+DURATION=${DURATION:-10s}
+CONNECTIONS=${CONNECTIONS:-100}
+NGINX_PORT=${NGINX_PORT:-18481}
+NGINX_LIMITED_PORT=${NGINX_LIMITED_PORT:-18482}
+
+need=()
+command -v wrk >/dev/null || need+=(wrk)
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx-light)
+if [ ${#need[@]} -gt 0 ]; then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+
+cargo build --release -q -p sluice-cli
+SLUICE=target/release/sluice
+
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+# sluice: the demo's bypass and alice, plus an account whose quota wrk cannot reach.
+cat > "$tmp/sluice.yaml" <<'EOF'
+fetch_latency: 0s
+bypass: [admin@example.com]
+accounts:
+  alice@example.com: 1/s
+  bench@example.com: 1000000000/s
+EOF
+{ cat "$tmp/sluice.yaml"; echo "headers: false"; } >"$tmp/sluice-no-fields.yaml"
+# Starts sluice with a config; sets url and pid.
+start_sluice() {
+  "$SLUICE" serve --config "$tmp/$1.yaml" --listen 127.0.0.1:0 >"$tmp/$1.out" 2>"$tmp/$1.err" &
+  pid=$!
+  pids+=("$pid")
+  for _ in $(seq 100); do grep -q '^listening on ' "$tmp/$1.out" 2>/dev/null && break; sleep 0.1; done
+  url=$(sed -n 's/^listening on //p' "$tmp/$1.out")
+  [ -n "$url" ] || { echo "sluice did not start:"; cat "$tmp/$1.err"; exit 1; }
+}
+start_sluice sluice
+SLUICE_URL=$url; sluice_pid=$pid
+start_sluice sluice-no-fields
+NO_FIELDS_URL=$url; no_fields_pid=$pid
+
+# nginx: one worker, no logs, the same two answers as sluice.
+mkdir -p "$tmp/nginx/logs" "$tmp/nginx/html"
+cat > "$tmp/nginx/nginx.conf" <<EOF
+worker_processes 1;
+pid $tmp/nginx/nginx.pid;
+error_log $tmp/nginx/logs/error.log warn;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  keepalive_requests 100000000;
+  limit_req_zone \$http_x_account_id zone=accounts:10m rate=1r/s;
+  # return runs before limit_req's phase, so the answer comes from a named location
+  # reached after it; both servers take the same path.
+  server {
+    listen 127.0.0.1:$NGINX_LIMITED_PORT;
+    limit_req_status 429;
+    location / { limit_req zone=accounts; try_files /nonexistent @hello; }
+    location @hello { return 200 "Hello World!"; }
+  }
+  server {
+    listen 127.0.0.1:$NGINX_PORT;
+    location / { try_files /nonexistent @hello; }
+    location @hello { return 200 "Hello World!"; }
+  }
+}
+EOF
+"$NGINX" -p "$tmp/nginx" -c "$tmp/nginx/nginx.conf" -g 'daemon off;' &
+pids+=($!)
+nginx_master=$!
+for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$NGINX_PORT/" && break; sleep 0.1; done
+nginx_worker=$(pgrep -P "$nginx_master" | head -1)
+
+# CPU time a process has used, in clock ticks (user + system): the server's cost per request,
+# which other load on the machine disturbs far less than its throughput.
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+HZ=$(getconf CLK_TCK)
+
+cases=(
+  "sluice limited, admitted|$SLUICE_URL/|bench@example.com|$sluice_pid"
+  "... admitted, no fields|$NO_FIELDS_URL/|bench@example.com|$no_fields_pid"
+  "sluice limited, denied|$SLUICE_URL/|alice@example.com|$sluice_pid"
+  "sluice bypass (control)|$SLUICE_URL/|admin@example.com|$sluice_pid"
+  "nginx limit_req|http://127.0.0.1:$NGINX_LIMITED_PORT/|alice@example.com|$nginx_worker"
+  "nginx no limit|http://127.0.0.1:$NGINX_PORT/|alice@example.com|$nginx_worker"
+)
+
+# Warm up each target once, then measure in interleaved rounds so drift hits all alike.
+for c in "${cases[@]}"; do
+  IFS='|' read -r _ url account _ <<<"$c"
+  wrk -t1 -c"$CONNECTIONS" -d2s -H "X-Account-ID: $account" "$url" >/dev/null
+done
+echo "wrk -t1 -c$CONNECTIONS -d$DURATION, $ROUNDS rounds, $(nproc) cores"
+for round in $(seq "$ROUNDS"); do
+  for i in "${!cases[@]}"; do
+    IFS='|' read -r name url account pid <<<"${cases[$i]}"
+    before=$(ticks "$pid")
+    out=$(wrk -t1 -c"$CONNECTIONS" -d"$DURATION" -H "X-Account-ID: $account" "$url")
+    after=$(ticks "$pid")
+    rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
+    total=$(awk '/requests in/ {print $1}' <<<"$out")
+    non2xx=$(awk '/Non-2xx/ {print $5}' <<<"$out")
+    cpu=$(awk -v t="$((after - before))" -v hz="$HZ" -v n="$total" 'BEGIN {printf "%.2f", t * 1e6 / hz / n}')
+    echo "$i $rps ${total:-0} ${non2xx:-0} $cpu $round" >>"$tmp/results"
+    printf '  round %d  %-26s %10s req/s  %6s us CPU/req  %s non-2xx of %s\n' \
+      "$round" "$name" "$rps" "$cpu" "${non2xx:-0}" "$total"
+  done
+done
+
+median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
+# Ratios are taken within each round (the runs minutes apart see different load from other
+# processes on the machine), then the median over rounds is reported.
+ratios() {
+  awk -v i="$1" -v f="$2" '$1 == 3 {c[$6] = $f} $1 == i {v[$6] = $f} END {for (r in v) print v[r] / c[r]}' \
+    "$tmp/results" | median
+}
+echo
+printf '| %-26s | %12s | %10s | %14s | %10s | %10s |\n' \
+  "case" "median req/s" "vs control" "us CPU per req" "vs control" "non-2xx"
+printf '|%s|%s|%s|%s|%s|%s|\n' "----------------------------" "-------------:" "-----------:" \
+  "----------------:" "-----------:" "-----------:"
+for i in "${!cases[@]}"; do
+  IFS='|' read -r name _ _ _ <<<"${cases[$i]}"
+  rps=$(awk -v i="$i" '$1 == i {print $2}' "$tmp/results" | median)
+  cpu=$(awk -v i="$i" '$1 == i {print $5}' "$tmp/results" | median)
+  share=$(awk -v i="$i" '$1 == i {t += $3; n += $4} END {printf "%.2f%%", t ? 100 * n / t : 0}' "$tmp/results")
+  printf '| %-26s | %12.0f | %10.3f | %14.2f | %10.3f | %10s |\n' \
+    "$name" "$rps" "$(ratios "$i" 2)" "$cpu" "$(ratios "$i" 5)" "$share"
+done

@@ -1,0 +1,132 @@
+//! `sluice`: a rate-limited HTTP server (`serve`) and a config checker (`validate`).
+
+mod app;
+mod config;
+mod server;
+
+use std::io::IsTerminal as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tracing::level_filters::LevelFilter;
+
+/// Exact, fast, bounded rate limiting.
+#[derive(Debug, Parser)]
+#[command(name = "sluice", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve HTTP: `Hello World!` (200) or `Exceeded quota` (429), limited per key.
+    ///
+    /// Without --config, runs the demo of seed 000 (X-Account-ID keys, alice..eve,
+    /// admin@example.com bypassing). Prints `listening on http://ADDR` once listening;
+    /// logs go to stderr (level from SLUICE_LOG: error, warn, info, debug; default info).
+    Serve(ServeArgs),
+    /// Check a config file and exit: 0 if it is valid, 1 with the field at fault if not.
+    Validate {
+        /// The YAML config file.
+        file: PathBuf,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
+    /// The YAML config file, reloaded when it changes (default: the built-in demo).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// The address to listen on (overrides the config's `listen`; port 0 picks one).
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// Worker threads (default: one per core).
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(args) => serve(args),
+        Command::Validate { file } => validate(&file),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("sluice: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn validate(file: &std::path::Path) -> Result<(), String> {
+    config::load(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    println!("{}: ok", file.display());
+    Ok(())
+}
+
+fn serve(args: ServeArgs) -> Result<(), String> {
+    init_logging();
+    let settings = match &args.config {
+        Some(file) => config::load(file).map_err(|e| format!("{}: {e}", file.display()))?,
+        None => config::parse(config::DEFAULT_CONFIG).map_err(|e| format!("built-in config: {e}"))?,
+    };
+    let threads = match args.threads {
+        Some(0) => return Err("--threads: must be at least 1".into()),
+        Some(n) => n,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    let options = server::ServeOptions {
+        settings,
+        config_file: args.config,
+        listen: args.listen,
+    };
+    runtime
+        .block_on(server::serve(options, shutdown_signal()))
+        .map_err(|e| e.to_string())
+}
+
+fn init_logging() {
+    let level = std::env::var("SLUICE_LOG")
+        .ok()
+        .and_then(|l| l.parse::<LevelFilter>().ok())
+        .unwrap_or(LevelFilter::INFO);
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(level)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(e) => {
+                tracing::warn!("cannot listen for SIGTERM: {e}");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

@@ -1,0 +1,246 @@
+//! Test support: the real `sluice` binary on a free port, a keep-alive HTTP/1.1 client over a
+//! real socket, temporary config files.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Generous bound for anything that waits: tests never assert on speed.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+pub fn sluice() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+}
+
+/// A directory removed on drop.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new() -> Self {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "sluice-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+
+    pub fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.0.join(name);
+        // Write then rename, as editors do, so the server never reads half a file.
+        let tmp = self.0.join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        path
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running `sluice serve`, killed on drop if still running.
+pub struct Server {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub first_line: String,
+    stderr: PathBuf,
+    _dir: TempDir,
+}
+
+impl Server {
+    /// Starts `sluice serve --listen 127.0.0.1:0 ARGS...` and waits for its listening line.
+    pub fn start(args: &[&str]) -> Self {
+        let dir = TempDir::new();
+        let stderr = dir.path().join("stderr.log");
+        let mut child = sluice()
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let first_line = rx.recv_timeout(PATIENCE).expect("no listening line");
+        let addr = first_line
+            .trim_end()
+            .strip_prefix("listening on http://")
+            .unwrap_or_else(|| {
+                panic!(
+                    "unexpected first line {first_line:?}; stderr: {}",
+                    std::fs::read_to_string(&stderr).unwrap_or_default()
+                )
+            })
+            .parse()
+            .unwrap();
+        Self {
+            child,
+            addr,
+            first_line,
+            stderr,
+            _dir: dir,
+        }
+    }
+
+    pub fn client(&self) -> Client {
+        Client::connect(self.addr)
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// Waits until the server's log contains `text`.
+    pub fn wait_for_log(&self, text: &str) {
+        wait_until(&format!("log line {text:?}"), || self.stderr().contains(text));
+    }
+
+    /// Sends SIGTERM and waits for the process to exit.
+    pub fn terminate(&mut self) -> ExitStatus {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "server did not exit after SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `ready` until it holds, failing after [`PATIENCE`].
+pub fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !ready() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[derive(Debug)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn number(&self, name: &str) -> u64 {
+        self.header(name)
+            .unwrap_or_else(|| panic!("no {name} in {self:?}"))
+            .parse()
+            .unwrap()
+    }
+}
+
+/// One keep-alive HTTP/1.1 connection.
+pub struct Client {
+    reader: BufReader<TcpStream>,
+}
+
+impl Client {
+    pub fn connect(addr: SocketAddr) -> Self {
+        let stream = TcpStream::connect(addr).unwrap();
+        stream.set_read_timeout(Some(PATIENCE)).unwrap();
+        stream.set_nodelay(true).unwrap();
+        Self {
+            reader: BufReader::new(stream),
+        }
+    }
+
+    pub fn get(&mut self, path: &str, headers: &[(&str, &str)]) -> Response {
+        self.request("GET", path, headers)
+    }
+
+    /// A GET of `/` as `account` (no header when `None`).
+    pub fn as_account(&mut self, account: Option<&str>) -> Response {
+        match account {
+            Some(a) => self.get("/", &[("X-Account-ID", a)]),
+            None => self.get("/", &[]),
+        }
+    }
+
+    pub fn request(&mut self, method: &str, path: &str, headers: &[(&str, &str)]) -> Response {
+        let mut text = format!("{method} {path} HTTP/1.1\r\nHost: test\r\n");
+        for (k, v) in headers {
+            text.push_str(&format!("{k}: {v}\r\n"));
+        }
+        text.push_str("\r\n");
+        self.reader.get_mut().write_all(text.as_bytes()).unwrap();
+        self.read_response()
+    }
+
+    fn read_response(&mut self) -> Response {
+        let mut status_line = String::new();
+        self.reader.read_line(&mut status_line).unwrap();
+        let status = status_line
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or_else(|| panic!("bad status line {status_line:?}"))
+            .parse()
+            .unwrap();
+        let mut headers = Vec::new();
+        loop {
+            let mut line = String::new();
+            self.reader.read_line(&mut line).unwrap();
+            let line = line.trim_end();
+            if line.is_empty() {
+                break;
+            }
+            let (k, v) = line.split_once(':').unwrap();
+            headers.push((k.trim().to_string(), v.trim().to_string()));
+        }
+        let mut response = Response {
+            status,
+            headers,
+            body: String::new(),
+        };
+        let length = response
+            .header("content-length")
+            .map_or(0, |v| v.parse().unwrap());
+        let mut body = vec![0; length];
+        self.reader.read_exact(&mut body).unwrap();
+        response.body = String::from_utf8(body).unwrap();
+        response
+    }
+}

@@ -1,0 +1,257 @@
+//! The response fields that tell a client its limit: `Retry-After`, the IETF draft's
+//! `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers-10), and the older
+//! `X-RateLimit-*` trio.
+
+use bytes::Bytes;
+use http::HeaderMap;
+use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
+use sluice::{Decision, Quota};
+
+static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+static X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+static X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+static X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+const NANOS_PER_SEC: u64 = 1_000_000_000;
+
+/// The largest number of seconds written (RFC 9111's 2^31): a quota that never refills
+/// would otherwise say "retry in 584 years", which some clients cannot parse.
+const MAX_SECS: u64 = 1 << 31;
+
+/// Whole seconds, rounded up.
+pub(crate) fn ceil_secs(nanos: u64) -> u64 {
+    nanos.div_ceil(NANOS_PER_SEC).min(MAX_SECS)
+}
+
+/// The numbers a response reports, taken from a decision and the key's quota.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RateFields {
+    /// The policy: `q` units per `w` seconds (the burst and the time to refill it from empty).
+    quota: u64,
+    window: Option<u64>,
+    remaining: u64,
+    reset: u64,
+    /// Set on a denial, at least 1.
+    retry_after: Option<u64>,
+}
+
+impl RateFields {
+    pub(crate) fn new(decision: &Decision, quota: Option<Quota>) -> Self {
+        let window = quota
+            .filter(|q| !q.is_deny_all())
+            .map(|q| ceil_secs(q.fill_time_nanos()).max(1));
+        let retry_after = (!decision.is_allowed()).then(|| ceil_secs(decision.retry_after_nanos()).max(1));
+        Self {
+            quota: decision.limit(),
+            window,
+            remaining: decision.remaining(),
+            reset: ceil_secs(decision.reset_after_nanos()),
+            retry_after,
+        }
+    }
+
+    /// For a cost that can never be admitted: the policy, nothing left, no time to retry.
+    pub(crate) fn never(quota: Option<Quota>, capacity: u64) -> Self {
+        Self {
+            quota: capacity,
+            window: quota
+                .filter(|q| !q.is_deny_all())
+                .map(|q| ceil_secs(q.fill_time_nanos()).max(1)),
+            remaining: 0,
+            reset: 0,
+            retry_after: None,
+        }
+    }
+
+    /// Writes the fields. Numbers below 10 000 are static strings; the two structured
+    /// fields are printed without formatting machinery, one small allocation each.
+    pub(crate) fn write(&self, policy: &str, headers: &mut HeaderMap) {
+        headers.reserve(6);
+        let window = self.window.map_or(0, |w| 3 + digits(w));
+        let mut text = Vec::with_capacity(policy.len() + 5 + digits(self.quota) + window);
+        put_policy(&mut text, policy);
+        text.extend_from_slice(b";q=");
+        put_u64(&mut text, self.quota);
+        if let Some(w) = self.window {
+            text.extend_from_slice(b";w=");
+            put_u64(&mut text, w);
+        }
+        insert(headers, &RATELIMIT_POLICY, text);
+        let mut text = Vec::with_capacity(policy.len() + 8 + digits(self.remaining) + digits(self.reset));
+        put_policy(&mut text, policy);
+        text.extend_from_slice(b";r=");
+        put_u64(&mut text, self.remaining);
+        text.extend_from_slice(b";t=");
+        put_u64(&mut text, self.reset);
+        insert(headers, &RATELIMIT, text);
+        headers.insert(X_LIMIT.clone(), number(self.quota));
+        headers.insert(X_REMAINING.clone(), number(self.remaining));
+        headers.insert(X_RESET.clone(), number(self.reset));
+        if let Some(retry) = self.retry_after {
+            headers.insert(RETRY_AFTER, number(retry));
+        }
+    }
+}
+
+/// How many decimal digits `n` has.
+fn digits(n: u64) -> usize {
+    n.checked_ilog10().map_or(1, |d| d as usize + 1)
+}
+
+fn insert(headers: &mut HeaderMap, name: &HeaderName, text: Vec<u8>) {
+    // Printable ASCII only (the policy name is checked when the layer is built). Sized
+    // exactly, so the value takes over the vector without another allocation.
+    debug_assert_eq!(text.len(), text.capacity());
+    if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(text)) {
+        headers.insert(name.clone(), value);
+    }
+}
+
+/// `0000` to `9999`, four digits each: small numbers are slices of it, not allocations.
+static DIGITS: [u8; 40_000] = {
+    let mut table = [0u8; 40_000];
+    let mut n = 0;
+    while n < 10_000 {
+        table[4 * n] = b'0' + (n / 1000) as u8;
+        table[4 * n + 1] = b'0' + (n / 100 % 10) as u8;
+        table[4 * n + 2] = b'0' + (n / 10 % 10) as u8;
+        table[4 * n + 3] = b'0' + (n % 10) as u8;
+        n += 1;
+    }
+    table
+};
+
+/// A number as a header value, without allocating when it is below 10 000.
+fn number(n: u64) -> HeaderValue {
+    if n < 10_000 {
+        let n = n as usize;
+        let width = match n {
+            0..10 => 1,
+            10..100 => 2,
+            100..1000 => 3,
+            _ => 4,
+        };
+        let digits: &'static [u8] = &DIGITS[4 * n + 4 - width..4 * n + 4];
+        if let Ok(text) = std::str::from_utf8(digits) {
+            return HeaderValue::from_static(text);
+        }
+    }
+    HeaderValue::from(n)
+}
+
+fn put_policy(text: &mut Vec<u8>, policy: &str) {
+    text.push(b'"');
+    text.extend_from_slice(policy.as_bytes());
+    text.push(b'"');
+}
+
+/// Prints a number in decimal.
+fn put_u64(text: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    text.extend_from_slice(&digits[i..]);
+}
+
+/// Whether a policy name can be written as a structured-field string.
+pub(crate) fn valid_policy_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn written(fields: RateFields) -> Vec<(String, String)> {
+        let mut headers = HeaderMap::new();
+        fields.write("default", &mut headers);
+        let mut pairs: Vec<_> = headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_string()))
+            .collect();
+        pairs.sort();
+        pairs
+    }
+
+    #[test]
+    fn denial_fields() {
+        let quota: Quota = "1.1/s".parse().unwrap();
+        let decision = Decision::denied(2, 0, 1_818_181_819, 909_090_910);
+        let pairs = written(RateFields::new(&decision, Some(quota)));
+        let expect = [
+            ("ratelimit", "\"default\";r=0;t=2"),
+            ("ratelimit-policy", "\"default\";q=2;w=2"),
+            ("retry-after", "1"),
+            ("x-ratelimit-limit", "2"),
+            ("x-ratelimit-remaining", "0"),
+            ("x-ratelimit-reset", "2"),
+        ];
+        let expect: Vec<_> = expect
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(pairs, expect);
+    }
+
+    #[test]
+    fn retry_after_is_never_zero_and_rounds_up() {
+        let tiny = Decision::denied(100, 0, 10_000_000, 1);
+        assert_eq!(RateFields::new(&tiny, None).retry_after, Some(1));
+        let over = Decision::denied(1, 0, 10_000_000_000, 10_000_000_001);
+        assert_eq!(RateFields::new(&over, None).retry_after, Some(11));
+        let never = Decision::denied(0, 0, 0, u64::MAX);
+        assert_eq!(RateFields::new(&never, None).retry_after, Some(1 << 31));
+        let allowed = Decision::allowed(10, 9, 100_000_000);
+        assert_eq!(RateFields::new(&allowed, None).retry_after, None);
+    }
+
+    #[test]
+    fn numbers_as_header_values() {
+        for n in [
+            0,
+            5,
+            9,
+            10,
+            42,
+            99,
+            100,
+            999,
+            1000,
+            9999,
+            10_000,
+            123_456,
+            u64::MAX,
+        ] {
+            assert_eq!(number(n).to_str().unwrap(), n.to_string());
+        }
+    }
+
+    #[test]
+    fn numbers_print_in_decimal() {
+        for n in [0, 7, 10, 99, 100, 12345, u64::MAX] {
+            let mut text = Vec::new();
+            put_u64(&mut text, n);
+            assert_eq!(text.len(), digits(n));
+            assert_eq!(String::from_utf8(text).unwrap(), n.to_string());
+        }
+    }
+
+    #[test]
+    fn policy_names() {
+        assert!(valid_policy_name("default"));
+        assert!(valid_policy_name("per account"));
+        assert!(!valid_policy_name("a\"b"));
+        assert!(!valid_policy_name(""));
+    }
+}

@@ -1,0 +1,457 @@
+//! The tower [`Layer`] and [`Service`]: decide each request before the inner service sees it.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::header::{CONTENT_TYPE, HeaderValue};
+use http::{Request, Response, StatusCode};
+use pin_project_lite::pin_project;
+use sluice::CheckError;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::headers::{RateFields, valid_policy_name};
+use crate::key::{KeyBuf, KeyPart, KeyRejection, KeySource, MAX_KEY_LEN};
+use crate::{KeyLimiter, PeerAddr, RouteCosts, TrustedProxies};
+
+/// The body of a 429 response.
+///
+/// # Example
+/// ```
+/// assert_eq!(sluice_http::EXCEEDED_BODY, "Exceeded quota");
+/// ```
+pub const EXCEEDED_BODY: &str = "Exceeded quota";
+
+/// Why a [`RateLimitBuilder`] could not build a layer.
+///
+/// # Example
+/// ```
+/// use sluice::{KeyedLimiter, TokenBucket};
+/// use sluice_http::{BuildError, RateLimitLayer};
+/// let limiter = KeyedLimiter::<String, _>::builder(TokenBucket, "1/s".parse()?).build()?;
+/// let refused = RateLimitLayer::builder(limiter).key([]).build();
+/// assert_eq!(refused.unwrap_err(), BuildError::NoKeyParts);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BuildError {
+    /// No key part was given.
+    #[error("the key needs at least one part (header:NAME, bearer or ip)")]
+    NoKeyParts,
+    /// The maximum key length is 0 or above [`MAX_KEY_LEN`].
+    #[error("the maximum key length must be between 1 and {MAX_KEY_LEN}, not {0}")]
+    MaxKeyLength(usize),
+    /// The default key is empty or longer than the maximum key length.
+    #[error("the default key {0:?} must be non-empty and no longer than the maximum key length")]
+    DefaultKey(String),
+    /// The policy name cannot be written in a structured field.
+    #[error("the policy name {0:?} must be printable ASCII without '\"' or '\\'")]
+    PolicyName(String),
+}
+
+/// Everything the layer decides with, shared by every clone of the service.
+struct Policy {
+    limiter: Arc<dyn KeyLimiter>,
+    keys: KeySource,
+    proxies: TrustedProxies,
+    bypass: HashSet<Box<str>, foldhash::fast::FixedState>,
+    costs: RouteCosts,
+    headers_on_allow: bool,
+    policy_name: Arc<str>,
+}
+
+enum Verdict {
+    Pass(Option<RateFields>),
+    Deny(RateFields),
+    BadKey(KeyRejection),
+}
+
+impl Policy {
+    fn decide<B>(&self, request: &Request<B>) -> Verdict {
+        let headers = request.headers();
+        match self.keys.borrowed_key(headers) {
+            Some(Ok(key)) => self.decide_for(request, key),
+            Some(Err(rejection)) => Verdict::BadKey(rejection),
+            None => {
+                let ip = request
+                    .extensions()
+                    .get::<PeerAddr>()
+                    .map(|peer| self.proxies.client_ip(peer.0.ip(), headers));
+                let mut buf = KeyBuf::new(self.keys.max_len);
+                match self.keys.key(headers, ip, &mut buf) {
+                    Ok(key) => self.decide_for(request, key),
+                    Err(rejection) => Verdict::BadKey(rejection),
+                }
+            }
+        }
+    }
+
+    fn decide_for<B>(&self, request: &Request<B>, key: &str) -> Verdict {
+        if !self.bypass.is_empty() && self.bypass.contains(key) {
+            return Verdict::Pass(None);
+        }
+        let cost = self.costs.cost(request.method(), request.uri().path());
+        match self.limiter.check(key, cost) {
+            Ok(decision) if decision.is_allowed() => Verdict::Pass(
+                self.headers_on_allow
+                    .then(|| RateFields::new(&decision, self.limiter.quota(key))),
+            ),
+            Ok(decision) => Verdict::Deny(RateFields::new(&decision, self.limiter.quota(key))),
+            Err(CheckError::CostExceedsCapacity { capacity, .. }) => {
+                Verdict::Deny(RateFields::never(self.limiter.quota(key), capacity))
+            }
+        }
+    }
+}
+
+/// Builds a [`RateLimitLayer`].
+///
+/// # Example
+/// ```
+/// use sluice::{KeyedLimiter, TokenBucket};
+/// use sluice_http::{IpNet, KeyPart, RateLimitLayer, TrustedProxies};
+/// let limiter = KeyedLimiter::<String, _>::builder(TokenBucket, "100/s".parse()?).build()?;
+/// let layer = RateLimitLayer::builder(limiter)
+///     .key([KeyPart::Bearer, KeyPart::ClientIp])
+///     .default_key("nobody")
+///     .max_key_len(128)
+///     .trusted_proxies(TrustedProxies::new(["10.0.0.0/8".parse::<IpNet>()?]))
+///     .headers_on_allow(false)
+///     .build()?;
+/// assert!(layer.needs_peer_addr());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct RateLimitBuilder {
+    limiter: Arc<dyn KeyLimiter>,
+    parts: Vec<KeyPart>,
+    default_key: String,
+    max_key_len: usize,
+    proxies: TrustedProxies,
+    bypass: Vec<String>,
+    costs: RouteCosts,
+    headers_on_allow: bool,
+    policy_name: String,
+}
+
+impl RateLimitBuilder {
+    /// What the key is made of (default: the client IP). Several parts are joined by `|`.
+    pub fn key(mut self, parts: impl IntoIterator<Item = KeyPart>) -> Self {
+        self.parts = parts.into_iter().collect();
+        self
+    }
+
+    /// The key of a request that does not say who it is (default `ANONYMOUS`).
+    pub fn default_key(mut self, key: impl Into<String>) -> Self {
+        self.default_key = key.into();
+        self
+    }
+
+    /// The longest key accepted, in bytes (default 256); longer ones are answered 400 and
+    /// never stored.
+    pub fn max_key_len(mut self, len: usize) -> Self {
+        self.max_key_len = len;
+        self
+    }
+
+    /// Proxies whose forwarding headers are believed (default: none).
+    pub fn trusted_proxies(mut self, proxies: TrustedProxies) -> Self {
+        self.proxies = proxies;
+        self
+    }
+
+    /// Keys that are never limited.
+    pub fn bypass<I: IntoIterator<Item = T>, T: Into<String>>(mut self, keys: I) -> Self {
+        self.bypass = keys.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// What each request costs (default: 1 each).
+    pub fn costs(mut self, costs: RouteCosts) -> Self {
+        self.costs = costs;
+        self
+    }
+
+    /// Whether admitted responses carry the rate-limit fields too (default true; denials
+    /// always do).
+    pub fn headers_on_allow(mut self, on: bool) -> Self {
+        self.headers_on_allow = on;
+        self
+    }
+
+    /// The policy's name in the `RateLimit-Policy` and `RateLimit` fields (default `default`).
+    pub fn policy_name(mut self, name: impl Into<String>) -> Self {
+        self.policy_name = name.into();
+        self
+    }
+
+    /// The layer.
+    ///
+    /// # Errors
+    /// [`BuildError`] for no key part, a bad maximum length, default key or policy name.
+    pub fn build(self) -> Result<RateLimitLayer, BuildError> {
+        if self.parts.is_empty() {
+            return Err(BuildError::NoKeyParts);
+        }
+        if self.max_key_len == 0 || self.max_key_len > MAX_KEY_LEN {
+            return Err(BuildError::MaxKeyLength(self.max_key_len));
+        }
+        if self.default_key.is_empty() || self.default_key.len() > self.max_key_len {
+            return Err(BuildError::DefaultKey(self.default_key));
+        }
+        if !valid_policy_name(&self.policy_name) {
+            return Err(BuildError::PolicyName(self.policy_name));
+        }
+        Ok(RateLimitLayer {
+            policy: Arc::new(Policy {
+                limiter: self.limiter,
+                keys: KeySource {
+                    parts: self.parts,
+                    default_key: self.default_key,
+                    max_len: self.max_key_len,
+                },
+                proxies: self.proxies,
+                bypass: self.bypass.into_iter().map(String::into_boxed_str).collect(),
+                costs: self.costs,
+                headers_on_allow: self.headers_on_allow,
+                policy_name: self.policy_name.into(),
+            }),
+        })
+    }
+}
+
+/// A tower [`Layer`] that limits requests per client key with a [`KeyLimiter`].
+///
+/// Each request's key is built from its headers and address ([`KeyPart`]); a bypassed key
+/// goes straight through; otherwise the request's cost ([`RouteCosts`]) is checked. A denied
+/// request is answered `429 Exceeded quota` with `Retry-After` (whole seconds, rounded up,
+/// never 0), `RateLimit-Policy`, `RateLimit` and `X-RateLimit-Limit/-Remaining/-Reset`; an
+/// admitted one reaches the inner service and its response gets the same fields (without
+/// `Retry-After`) unless turned off. A key longer than the maximum, or not text, is answered
+/// `400` and never reaches the limiter. For client-IP keys the server puts a [`PeerAddr`] in
+/// the request's extensions.
+///
+/// Works with any `Service<http::Request<B>, Response = http::Response<R>>` whose body `R`
+/// can be made from a `&'static str` (axum's `Body`, `http_body_util::Full<Bytes>`...).
+///
+/// # Example
+/// ```
+/// use std::convert::Infallible;
+/// use http::{Request, Response, StatusCode};
+/// use sluice::{KeyedLimiter, StaticQuotas, TokenBucket};
+/// use sluice_http::{KeyPart, RateLimitLayer};
+/// use tower_layer::Layer;
+/// use tower_service::Service;
+///
+/// let quotas = StaticQuotas::from_iter([("alice".to_string(), "1/s".parse()?)]);
+/// let limiter = KeyedLimiter::builder(TokenBucket, "10/s".parse()?).source(quotas).build()?;
+/// let layer = RateLimitLayer::builder(limiter)
+///     .key([KeyPart::Header("x-account-id".parse()?)])
+///     .bypass(["admin"])
+///     .build()?;
+/// let hello = tower_service_fn(|_req: Request<()>| Response::new("Hello World!".to_string()));
+/// let mut service = layer.layer(hello);
+/// let ask = |who: &str| Request::builder().header("x-account-id", who).body(()).unwrap();
+///
+/// let poll = |f: &mut (dyn std::future::Future<Output = Result<Response<String>, Infallible>> + Unpin)| {
+///     let waker = std::task::Waker::noop();
+///     match std::pin::Pin::new(f).poll(&mut std::task::Context::from_waker(waker)) {
+///         std::task::Poll::Ready(r) => r.unwrap(),
+///         std::task::Poll::Pending => unreachable!(),
+///     }
+/// };
+/// assert_eq!(poll(&mut service.call(ask("alice"))).status(), StatusCode::OK);
+/// let denied = poll(&mut service.call(ask("alice")));
+/// assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+/// assert_eq!(denied.headers()["retry-after"], "1");
+/// assert_eq!(denied.headers()["ratelimit-policy"], "\"default\";q=1;w=1");
+/// assert_eq!(poll(&mut service.call(ask("admin"))).status(), StatusCode::OK);
+/// # fn tower_service_fn<F: FnMut(Request<()>) -> Response<String>>(f: F) -> Svc<F> { Svc(f) }
+/// # #[derive(Clone)] struct Svc<F>(F);
+/// # impl<F: FnMut(Request<()>) -> Response<String>> Service<Request<()>> for Svc<F> {
+/// #     type Response = Response<String>;
+/// #     type Error = Infallible;
+/// #     type Future = std::future::Ready<Result<Response<String>, Infallible>>;
+/// #     fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Infallible>> {
+/// #         std::task::Poll::Ready(Ok(()))
+/// #     }
+/// #     fn call(&mut self, r: Request<()>) -> Self::Future { std::future::ready(Ok((self.0)(r))) }
+/// # }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct RateLimitLayer {
+    policy: Arc<Policy>,
+}
+
+impl std::fmt::Debug for RateLimitLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("key", &self.policy.keys.parts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RateLimitLayer {
+    /// A builder over this limiter.
+    pub fn builder(limiter: impl KeyLimiter) -> RateLimitBuilder {
+        Self::builder_shared(Arc::new(limiter))
+    }
+
+    /// A builder over a shared limiter (several layers, or a layer rebuilt on a config
+    /// reload, can share one store).
+    pub fn builder_shared(limiter: Arc<dyn KeyLimiter>) -> RateLimitBuilder {
+        RateLimitBuilder {
+            limiter,
+            parts: vec![KeyPart::ClientIp],
+            default_key: "ANONYMOUS".to_string(),
+            max_key_len: 256,
+            proxies: TrustedProxies::default(),
+            bypass: Vec::new(),
+            costs: RouteCosts::default(),
+            headers_on_allow: true,
+            policy_name: "default".to_string(),
+        }
+    }
+
+    /// Whether requests must carry a [`PeerAddr`] (the key uses the client IP); a server may
+    /// skip inserting it otherwise.
+    pub fn needs_peer_addr(&self) -> bool {
+        self.policy.keys.needs_ip()
+    }
+}
+
+impl<S> Layer<S> for RateLimitLayer {
+    type Service = RateLimit<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit {
+            inner,
+            policy: Arc::clone(&self.policy),
+        }
+    }
+}
+
+/// The service made by [`RateLimitLayer`] around an inner service.
+///
+/// # Example
+/// ```
+/// use sluice::{KeyedLimiter, TokenBucket};
+/// use sluice_http::{RateLimit, RateLimitLayer};
+/// use tower_layer::Layer;
+/// # #[derive(Clone)] struct Inner;
+/// let limiter = KeyedLimiter::<String, _>::builder(TokenBucket, "1/s".parse()?).build()?;
+/// let service: RateLimit<Inner> = RateLimitLayer::builder(limiter).build()?.layer(Inner);
+/// let _copy = service.clone(); // clones share the limiter
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct RateLimit<S> {
+    inner: S,
+    policy: Arc<Policy>,
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for RateLimit<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+fn plain<B: From<&'static str>>(status: StatusCode, body: &'static str) -> Response<B> {
+    let mut response = Response::new(B::from(body));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    // Room for the rate-limit fields too, so the map is allocated once.
+    headers.reserve(8);
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    response
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: From<&'static str>,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, ResBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let kind = match self.policy.decide(&request) {
+            Verdict::Pass(fields) => Kind::Inner {
+                future: self.inner.call(request),
+                fields: fields.map(|f| (f, Arc::clone(&self.policy.policy_name))),
+            },
+            Verdict::Deny(fields) => {
+                let mut response = plain(StatusCode::TOO_MANY_REQUESTS, EXCEEDED_BODY);
+                fields.write(&self.policy.policy_name, response.headers_mut());
+                Kind::Ready {
+                    response: Some(response),
+                }
+            }
+            Verdict::BadKey(rejection) => {
+                let body = match rejection {
+                    KeyRejection::TooLong => "Key too long",
+                    KeyRejection::NotText => "Key is not text",
+                };
+                Kind::Ready {
+                    response: Some(plain(StatusCode::BAD_REQUEST, body)),
+                }
+            }
+        };
+        ResponseFuture { kind }
+    }
+}
+
+pin_project! {
+    /// The response of [`RateLimit`]: the inner service's (with the rate-limit fields added)
+    /// or the limiter's own 429 or 400. Returned by `RateLimit::call`; see
+    /// [`RateLimitLayer`] for an example that polls it.
+    pub struct ResponseFuture<F, B> {
+        #[pin]
+        kind: Kind<F, B>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<F, B> {
+        Inner { #[pin] future: F, fields: Option<(RateFields, Arc<str>)> },
+        Ready { response: Option<Response<B>> },
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F, B>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    B: From<&'static str>,
+{
+    type Output = Result<Response<B>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().kind.project() {
+            KindProj::Inner { future, fields } => {
+                let mut response = std::task::ready!(future.poll(cx))?;
+                if let Some((fields, name)) = fields.take() {
+                    fields.write(&name, response.headers_mut());
+                }
+                Poll::Ready(Ok(response))
+            }
+            // Polled again after completion: a contract breach by the caller; answer 500
+            // rather than panic.
+            KindProj::Ready { response } => Poll::Ready(Ok(response.take().unwrap_or_else(|| {
+                let mut r = Response::new(B::from(""));
+                *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+                r
+            }))),
+        }
+    }
+}

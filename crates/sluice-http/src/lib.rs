@@ -1,0 +1,53 @@
+//! # sluice-http: rate limiting for HTTP services
+//!
+//! A tower [`Layer`](tower_layer::Layer), [`RateLimitLayer`], that puts a sluice
+//! [`KeyedLimiter`](sluice::KeyedLimiter) in front of any `http` service: axum routers, plain
+//! hyper 1.x services, tonic... For each request it works out
+//!
+//! - **who is asking** ([`KeyPart`]): a header (`X-Account-ID`, `Client-Id`...), a bearer API
+//!   key, the client IP (the peer, or behind [`TrustedProxies`] the right-most untrusted
+//!   address they report), or several joined; `ANONYMOUS` (configurable) when a part is
+//!   absent; bypassed keys skip the limiter; over-long keys are answered 400 and never stored;
+//! - **what it costs** ([`RouteCosts`]): units by path prefix and method;
+//! - **the answer**: `429 Exceeded quota` with `Retry-After` in whole seconds rounded up
+//!   (never 0), the IETF draft's `RateLimit-Policy: "default";q=10;w=1` and
+//!   `RateLimit: "default";r=0;t=1`, and `X-RateLimit-Limit/-Remaining/-Reset`; admitted
+//!   responses carry the same fields unless turned off.
+//!
+//! In the `RateLimit-Policy` field `q` is the quota's capacity (its burst) and `w` the
+//! seconds it takes to refill it from empty, so `r ≤ q` and `t ≤ w` always hold.
+//!
+//! ```
+//! use sluice::{KeyedLimiter, StaticQuotas, TokenBucket};
+//! use sluice_http::{CostRule, KeyPart, RateLimitLayer, RouteCosts};
+//!
+//! let quotas = StaticQuotas::from_iter([("alice@example.com".to_string(), "10/s".parse()?)]);
+//! let limiter = KeyedLimiter::builder(TokenBucket, "1/s".parse()?).source(quotas).build()?;
+//! let layer = RateLimitLayer::builder(limiter)
+//!     .key([KeyPart::Header("x-account-id".parse()?)])
+//!     .bypass(["admin@example.com"])
+//!     .costs(RouteCosts::new([CostRule::new("/export", None, 5)]))
+//!     .build()?;
+//! // axum: Router::new().route(...).layer(layer); hyper: layer.layer(service)
+//! # let _ = layer;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Hot path: building the key allocates nothing (a stack buffer when parts are joined or an
+//! address is printed), the only lock is the limiter's own, and the rate-limit fields are
+//! printed into one buffer.
+
+#![warn(missing_docs)]
+
+mod cost;
+mod headers;
+mod key;
+mod layer;
+mod limiter;
+mod proxy;
+
+pub use cost::{CostRule, RouteCosts};
+pub use key::{KeyPart, KeyPartError, MAX_KEY_LEN};
+pub use layer::{BuildError, EXCEEDED_BODY, RateLimit, RateLimitBuilder, RateLimitLayer, ResponseFuture};
+pub use limiter::KeyLimiter;
+pub use proxy::{IpNet, IpNetError, PeerAddr, TrustedProxies};

@@ -1,0 +1,163 @@
+//! The layer in a plain hyper 1.x server, over real sockets.
+
+use std::convert::Infallible;
+use std::future::{Ready, ready};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper_util::rt::TokioIo;
+use sluice::{KeyedLimiter, StaticQuotas, TokenBucket};
+use sluice_http::{CostRule, KeyPart, PeerAddr, RateLimit, RateLimitLayer, RouteCosts};
+use tower_layer::Layer;
+use tower_service::Service;
+
+#[derive(Clone)]
+struct Hello;
+
+impl Service<Request<Incoming>> for Hello {
+    type Response = Response<Full<Bytes>>;
+    type Error = Infallible;
+    type Future = Ready<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<Incoming>) -> Self::Future {
+        ready(Ok(Response::new(Full::new(Bytes::from_static(b"Hello World!")))))
+    }
+}
+
+/// Serves `service` on a free port in a background runtime, giving each request its peer.
+fn spawn_server(service: RateLimit<Hello>) -> SocketAddr {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            loop {
+                let (stream, peer) = listener.accept().await.unwrap();
+                let service = service.clone();
+                let hyper_service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
+                    request.extensions_mut().insert(PeerAddr(peer));
+                    service.clone().call(request)
+                });
+                tokio::spawn(http1::Builder::new().serve_connection(TokioIo::new(stream), hyper_service));
+            }
+        });
+    });
+    rx.recv_timeout(Duration::from_secs(60)).unwrap()
+}
+
+struct Reply {
+    status: u16,
+    head: String,
+}
+
+fn get(stream: &mut BufReader<TcpStream>, path: &str, headers: &str) -> Reply {
+    let request = format!("GET {path} HTTP/1.1\r\nHost: t\r\n{headers}\r\n");
+    stream.get_mut().write_all(request.as_bytes()).unwrap();
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        stream.read_line(&mut line).unwrap();
+        if line == "\r\n" {
+            break;
+        }
+        head.push_str(&line.to_ascii_lowercase());
+    }
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .map_or(0, |v| v.trim().parse().unwrap());
+    let mut body = vec![0; length];
+    stream.read_exact(&mut body).unwrap();
+    let status = head[9..12].parse().unwrap();
+    Reply { status, head }
+}
+
+fn connect(addr: SocketAddr) -> BufReader<TcpStream> {
+    let stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    BufReader::new(stream)
+}
+
+#[test]
+fn limits_by_peer_address_in_a_plain_hyper_server() {
+    let quotas = StaticQuotas::from_iter([("127.0.0.1".to_string(), "2/min".parse().unwrap())]);
+    let limiter = KeyedLimiter::builder(TokenBucket, "1/min".parse().unwrap())
+        .source(quotas)
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::builder(limiter)
+        .key([KeyPart::ClientIp])
+        .build()
+        .unwrap();
+    assert!(layer.needs_peer_addr());
+    let mut stream = connect(spawn_server(layer.layer(Hello)));
+    let statuses: Vec<u16> = (0..4).map(|_| get(&mut stream, "/", "").status).collect();
+    assert_eq!(statuses, [200, 200, 429, 429]);
+}
+
+#[test]
+fn oversized_keys_are_refused_and_never_stored() {
+    let limiter = KeyedLimiter::builder(TokenBucket, "1/min".parse().unwrap())
+        .unknown_key_quota("100/min".parse().unwrap())
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::builder(limiter.clone())
+        .key([KeyPart::Header("x-account-id".parse().unwrap())])
+        .max_key_len(32)
+        .build()
+        .unwrap();
+    let mut stream = connect(spawn_server(layer.layer(Hello)));
+    for n in [33, 100, 1000, 5000] {
+        let r = get(&mut stream, "/", &format!("X-Account-ID: {}\r\n", "k".repeat(n)));
+        assert_eq!(r.status, 400);
+    }
+    assert_eq!(limiter.metrics().entries, 0);
+    assert_eq!(
+        get(&mut stream, "/", &format!("X-Account-ID: {}\r\n", "k".repeat(32))).status,
+        200
+    );
+    assert_eq!(limiter.metrics().entries, 1);
+}
+
+#[test]
+fn costs_above_capacity_are_denied_without_retry_after_and_fields_can_be_off_on_allow() {
+    let limiter = KeyedLimiter::builder(TokenBucket, "1/min".parse().unwrap())
+        .unknown_key_quota("5/min".parse().unwrap())
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::builder(limiter)
+        .key([KeyPart::Bearer])
+        .costs(RouteCosts::new([CostRule::new("/bulk", None, 6)]))
+        .headers_on_allow(false)
+        .policy_name("per-key")
+        .build()
+        .unwrap();
+    let mut stream = connect(spawn_server(layer.layer(Hello)));
+    let auth = "Authorization: Bearer key-1\r\n";
+    let r = get(&mut stream, "/bulk/1", auth);
+    assert_eq!(r.status, 429);
+    assert!(!r.head.contains("retry-after"), "{}", r.head);
+    assert!(
+        r.head.contains("ratelimit-policy: \"per-key\";q=5;w=60"),
+        "{}",
+        r.head
+    );
+    let r = get(&mut stream, "/", auth);
+    assert_eq!(r.status, 200);
+    assert!(!r.head.contains("ratelimit"), "{}", r.head);
+}
