@@ -65,6 +65,11 @@ use target::{SpawnedServer, Target};
 pub async fn run(args: &Args, server_exe: Option<&Path>) -> Result<Report, LoadtestError> {
     args.validate()?;
     let set = ProfileSet::load(&args.profiles)?;
+    // Before the run, so a bad --out does not waste it.
+    std::fs::create_dir_all(&args.out).map_err(|source| LoadtestError::Write {
+        path: args.out.clone(),
+        source,
+    })?;
     let server = if args.spawn {
         let exe = target::server_exe(server_exe)?;
         Some(SpawnedServer::start(&exe, args.config.as_deref()).await?)
@@ -138,7 +143,6 @@ fn write_outputs(report: &mut Report, out: &Path) -> Result<(), LoadtestError> {
         let path = path.to_path_buf();
         move |source| LoadtestError::Write { path, source }
     };
-    std::fs::create_dir_all(out).map_err(write_error(out))?;
     let tsv = out.join("results.tsv");
     std::fs::write(&tsv, report.tsv()).map_err(write_error(&tsv))?;
     let rates = out.join("rates.png");

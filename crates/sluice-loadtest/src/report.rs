@@ -4,8 +4,9 @@
 //! The start of every trial is kept apart as its **cold start**: the first `--settle` of it, and
 //! on to the profile's first denial after that (its burst may take a while to use up). What
 //! was allowed then (the burst, admissions under the failsafe quota while the account's quota
-//! was being fetched) is reported in its own column; the **steady** allow rate, measured from
-//! there to the trial's end, is what is compared with the expected rate.
+//! was being fetched) is reported in its own column. The **steady** window runs from there to
+//! the profile's last denial (see `SteadyWindow`); its allow rate is what is compared with the
+//! expected rate. What was allowed after the last denial is the **tail**.
 
 use std::fmt::{self, Write as _};
 use std::path::PathBuf;
@@ -142,16 +143,16 @@ pub struct TrialRow {
     pub error_percent: Option<f64>,
     /// Where the steady window starts, from the trial's start.
     pub steady_start: Duration,
-    /// The steady window's length (to the trial's end).
+    /// The steady window's length.
     pub steady_duration: Duration,
     /// Requests sent in the steady window and allowed.
     pub steady_allowed: u64,
-    /// Requests sent in the steady window and denied.
-    pub steady_denied: u64,
     /// `steady_allowed` per second of `steady_duration`.
     pub steady_allow_rate: f64,
     /// Requests allowed before the steady window (burst, failsafe quota).
     pub cold_start_allowed: u64,
+    /// Requests allowed after the steady window (after the last denial).
+    pub tail_allowed: u64,
     /// Responses other than 200 or 429, and failed connections or requests.
     pub errors: u64,
     /// The first of those errors.
@@ -162,7 +163,7 @@ pub struct TrialRow {
 
 /// The column names of results.tsv: seed 000's, then the expected rate, the error, and the
 /// cold-start split.
-pub const TSV_COLUMNS: [&str; 25] = [
+pub const TSV_COLUMNS: [&str; 26] = [
     "account ID",
     "trial",
     "test duration (us)",
@@ -186,6 +187,7 @@ pub const TSV_COLUMNS: [&str; 25] = [
     "steady requests allowed",
     "steady allow rate",
     "cold-start requests allowed",
+    "tail requests allowed",
     "errors",
     "verdict",
 ];
@@ -194,28 +196,13 @@ impl TrialRow {
     pub(crate) fn new(profile: &Profile, trial: u32, counts: &ProfileTrial, settle: Duration) -> Self {
         let secs = counts.elapsed.as_secs_f64();
         let per_second = |n: u64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
-        let trial_length = counts.length;
-        // The steady window starts after the first denial at or after the settling time (the
-        // bucket was empty then, whatever burst or failsafe quota came before), or at the
-        // settling time if nothing was denied since. It starts on a bucket boundary, so its
-        // counts are exact.
-        let settle_bucket =
-            usize::try_from(settle.as_nanos().div_ceil(counts.bucket.as_nanos())).unwrap_or(usize::MAX);
-        let first_bucket = counts
-            .denied_by_bucket
-            .iter()
-            .enumerate()
-            .skip(settle_bucket)
-            .find(|(_, denied)| **denied > 0)
-            .map_or(settle_bucket, |(i, _)| i + 1);
-        let steady_start =
-            (counts.bucket * u32::try_from(first_bucket).unwrap_or(u32::MAX)).min(trial_length);
-        let steady_duration = trial_length.saturating_sub(steady_start);
-        let sum_from = |v: &[u64]| v.iter().skip(first_bucket).sum::<u64>();
-        let (steady_allowed, steady_denied) = (
-            sum_from(&counts.allowed_by_bucket),
-            sum_from(&counts.denied_by_bucket),
-        );
+        let window = SteadyWindow::of(counts, settle);
+        let sum =
+            |v: &[u64], range: std::ops::Range<usize>| v.get(range).map_or(0, |b| b.iter().sum::<u64>());
+        let steady_allowed = sum(&counts.allowed_by_bucket, window.buckets.clone());
+        let cold_start_allowed = sum(&counts.allowed_by_bucket, 0..window.buckets.start);
+        let steady_start = window.start;
+        let steady_duration = window.end.saturating_sub(window.start);
         let steady_secs = steady_duration.as_secs_f64();
         let steady_allow_rate = if steady_secs > 0.0 {
             steady_allowed as f64 / steady_secs
@@ -225,7 +212,7 @@ impl TrialRow {
         let (error_percent, verdict) = judge(
             profile.expected,
             steady_allowed,
-            steady_denied,
+            window.saturated,
             steady_secs,
             counts.denied,
         );
@@ -243,9 +230,9 @@ impl TrialRow {
             steady_start,
             steady_duration,
             steady_allowed,
-            steady_denied,
             steady_allow_rate,
-            cold_start_allowed: counts.allowed - steady_allowed,
+            cold_start_allowed,
+            tail_allowed: counts.allowed - steady_allowed - cold_start_allowed,
             errors: counts.errors,
             first_error: counts.first_error.clone(),
             verdict,
@@ -273,10 +260,66 @@ impl TrialRow {
             self.steady_allowed.to_string(),
             format!("{:.3}", self.steady_allow_rate),
             self.cold_start_allowed.to_string(),
+            self.tail_allowed.to_string(),
             self.errors.to_string(),
             self.verdict.to_string(),
         ]);
         fields.join("\t")
+    }
+}
+
+/// The part of a trial whose allowed count measures the limit's rate.
+///
+/// When the profile was denied after the settling time, the window runs from the bucket after
+/// its first such denial to the bucket of its last denial: at both ends the profile's allowance
+/// was used up, so what was allowed in between is what the quota granted in that time, whatever
+/// burst or failsafe quota came before, and however unevenly the load arrived meanwhile. With
+/// no denial after the settling time, the limit was not reached: the window runs from the
+/// settling time to the trial's end and only shows the load. Both ends are bucket boundaries,
+/// so the counts are exact.
+struct SteadyWindow {
+    buckets: std::ops::Range<usize>,
+    start: Duration,
+    end: Duration,
+    saturated: bool,
+}
+
+impl SteadyWindow {
+    fn of(counts: &ProfileTrial, settle: Duration) -> Self {
+        let at =
+            |bucket: usize| (counts.bucket * u32::try_from(bucket).unwrap_or(u32::MAX)).min(counts.length);
+        let settle_bucket =
+            usize::try_from(settle.as_nanos().div_ceil(counts.bucket.as_nanos())).unwrap_or(usize::MAX);
+        let denied_after_settle =
+            |(i, denied): (usize, &u64)| (i >= settle_bucket && *denied > 0).then_some(i);
+        let first = counts
+            .denied_by_bucket
+            .iter()
+            .enumerate()
+            .find_map(denied_after_settle);
+        let last = counts
+            .denied_by_bucket
+            .iter()
+            .enumerate()
+            .rev()
+            .find_map(denied_after_settle);
+        match (first, last) {
+            (Some(first), Some(last)) => {
+                let buckets = first + 1..last.max(first + 1);
+                SteadyWindow {
+                    start: at(buckets.start),
+                    end: at(buckets.end),
+                    buckets,
+                    saturated: true,
+                }
+            }
+            _ => SteadyWindow {
+                buckets: settle_bucket..counts.allowed_by_bucket.len(),
+                start: at(settle_bucket),
+                end: counts.length,
+                saturated: false,
+            },
+        }
     }
 }
 
@@ -289,7 +332,7 @@ impl TrialRow {
 fn judge(
     expected: Expected,
     allowed: u64,
-    steady_denied: u64,
+    saturated: bool,
     secs: f64,
     denied: u64,
 ) -> (Option<f64>, Verdict) {
@@ -312,14 +355,12 @@ fn judge(
     } else {
         None
     };
-    let verdict = if secs <= 0.0 {
+    let verdict = if !saturated || secs <= 0.0 {
         Verdict::NotSaturated
     } else if diff.abs() <= expected_count * 0.01
         || (expected_count.floor() - 1.0..=expected_count.ceil() + 1.0).contains(&(allowed as f64))
     {
         Verdict::Pass
-    } else if steady_denied == 0 {
-        Verdict::NotSaturated
     } else {
         Verdict::Fail
     };
@@ -514,8 +555,8 @@ impl fmt::Display for Report {
         f.write_str(&notes)?;
         writeln!(
             f,
-            "measured/s: allowed per second after the cold start (the first {:?} of each trial, and \
-             on to the first denial after it); cold start: allowed before it. PASS: within 1% or 1 request.",
+            "measured/s: allowed per second between the first denial after the first {:?} of each trial \
+             and the last denial; cold start: allowed before that window. PASS: within 1% or 1 request.",
             self.settle
         )?;
         if !self.files.is_empty() {
@@ -534,29 +575,44 @@ mod tests {
     fn judges_within_one_percent_or_one_request() {
         // 1/s over 9 s: 8, 9, 10 pass; 11 fails; 5 without denials was never saturated.
         for allowed in [8, 9, 10] {
-            assert_eq!(judge(Expected::Rate(1.0), allowed, 5, 9.0, 5).1, Verdict::Pass);
+            assert_eq!(judge(Expected::Rate(1.0), allowed, true, 9.0, 5).1, Verdict::Pass);
         }
-        assert_eq!(judge(Expected::Rate(1.0), 11, 5, 9.0, 5).1, Verdict::Fail);
-        assert_eq!(judge(Expected::Rate(1.0), 5, 0, 9.0, 0).1, Verdict::NotSaturated);
+        assert_eq!(judge(Expected::Rate(1.0), 11, true, 9.0, 5).1, Verdict::Fail);
+        assert_eq!(
+            judge(Expected::Rate(1.0), 5, false, 9.0, 0).1,
+            Verdict::NotSaturated
+        );
         // Above the rate but never denied: a burst still being used, not a measured rate.
-        assert_eq!(judge(Expected::Rate(1.0), 15, 0, 9.0, 4).1, Verdict::NotSaturated);
-        assert_eq!(judge(Expected::Rate(1.0), 5, 3, 9.0, 3).1, Verdict::Fail);
+        assert_eq!(
+            judge(Expected::Rate(1.0), 15, false, 9.0, 4).1,
+            Verdict::NotSaturated
+        );
+        assert_eq!(judge(Expected::Rate(1.0), 5, true, 9.0, 3).1, Verdict::Fail);
         // 10/s over 1.499 s (14.99): 13 to 16 pass.
-        assert_eq!(judge(Expected::Rate(10.0), 16, 5, 1.499, 5).1, Verdict::Pass);
-        assert_eq!(judge(Expected::Rate(10.0), 13, 5, 1.499, 5).1, Verdict::Pass);
-        assert_eq!(judge(Expected::Rate(10.0), 17, 5, 1.499, 5).1, Verdict::Fail);
-        assert_eq!(judge(Expected::Rate(10.0), 12, 5, 1.499, 5).1, Verdict::Fail);
+        assert_eq!(judge(Expected::Rate(10.0), 16, true, 1.499, 5).1, Verdict::Pass);
+        assert_eq!(judge(Expected::Rate(10.0), 13, true, 1.499, 5).1, Verdict::Pass);
+        assert_eq!(judge(Expected::Rate(10.0), 17, true, 1.499, 5).1, Verdict::Fail);
+        assert_eq!(judge(Expected::Rate(10.0), 12, true, 1.499, 5).1, Verdict::Fail);
         // 1000/s over 10 s: ±100 passes.
-        assert_eq!(judge(Expected::Rate(1000.0), 10_100, 1, 10.0, 1).1, Verdict::Pass);
-        assert_eq!(judge(Expected::Rate(1000.0), 10_101, 1, 10.0, 1).1, Verdict::Fail);
+        assert_eq!(
+            judge(Expected::Rate(1000.0), 10_100, true, 10.0, 1).1,
+            Verdict::Pass
+        );
+        assert_eq!(
+            judge(Expected::Rate(1000.0), 10_101, true, 10.0, 1).1,
+            Verdict::Fail
+        );
         // Unlimited: never denied, or it failed.
-        assert_eq!(judge(Expected::Unlimited, 100, 0, 9.0, 0).1, Verdict::Unlimited);
-        assert_eq!(judge(Expected::Unlimited, 100, 1, 9.0, 1).1, Verdict::Fail);
+        assert_eq!(
+            judge(Expected::Unlimited, 100, false, 9.0, 0).1,
+            Verdict::Unlimited
+        );
+        assert_eq!(judge(Expected::Unlimited, 100, true, 9.0, 1).1, Verdict::Fail);
         // Quota 0: the error is 0% when nothing was allowed.
         assert_eq!(
-            judge(Expected::Rate(0.0), 0, 9, 9.0, 9),
+            judge(Expected::Rate(0.0), 0, true, 9.0, 9),
             (Some(0.0), Verdict::Pass)
         );
-        assert_eq!(judge(Expected::Rate(0.0), 2, 9, 9.0, 9), (None, Verdict::Fail));
+        assert_eq!(judge(Expected::Rate(0.0), 2, true, 9.0, 9), (None, Verdict::Fail));
     }
 }
