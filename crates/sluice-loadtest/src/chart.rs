@@ -7,10 +7,11 @@ use std::sync::OnceLock;
 
 use plotters::prelude::*;
 use plotters::style::register_font;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::LoadtestError;
 use crate::profile::Expected;
-use crate::report::{Latencies, Report};
+use crate::report::{Latencies, Report, Verdict};
 
 /// DejaVu Sans, bundled so charts have text on machines without fonts (license beside it).
 static FONT: &[u8] = include_bytes!("../fonts/DejaVuSans.ttf");
@@ -105,6 +106,7 @@ pub(crate) fn rates(report: &Report, path: &Path) -> Result<(), LoadtestError> {
         allowed: f64,
         denied: f64,
         expected: Option<f64>,
+        verdict: Verdict,
     }
     let bars: Vec<Bar> = report
         .profiles
@@ -122,6 +124,7 @@ pub(crate) fn rates(report: &Report, path: &Path) -> Result<(), LoadtestError> {
                     Expected::Rate(r) => Some(r),
                     Expected::Unlimited => None,
                 },
+                verdict: p.verdict,
             }
         })
         .collect();
@@ -134,14 +137,14 @@ pub(crate) fn rates(report: &Report, path: &Path) -> Result<(), LoadtestError> {
     let n = bars.len().max(1) as f64;
     let trials = report.rows.iter().map(|r| r.trial).max().unwrap_or(0);
     let caption = format!(
-        "Allowed and denied requests per second ({trials} trial(s) of {:?}, allowed after the {:?} cold start)",
-        report.duration, report.settle
+        "Allowed (steady window) and denied requests per second, {trials} trial(s) of {:?}",
+        report.duration
     );
     render(path, (1200, 640), |root| {
         let mut chart = ChartBuilder::on(&root)
             .caption(caption, (FAMILY, 20))
             .margin(12)
-            .x_label_area_size(40)
+            .x_label_area_size(52)
             .y_label_area_size(70)
             .build_cartesian_2d(-0.5f64..n - 0.5, (floor..top).log_scale())?;
         chart
@@ -174,7 +177,7 @@ pub(crate) fn rates(report: &Report, path: &Path) -> Result<(), LoadtestError> {
                         Rectangle::new([(x - 0.36, floor), (x - 0.02, b.allowed)], green.filled())
                     }),
             )?
-            .label("allowed/s after the cold start")
+            .label("allowed/s in the steady window")
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], green.filled()));
         chart
             .draw_series(
@@ -206,11 +209,25 @@ pub(crate) fn rates(report: &Report, path: &Path) -> Result<(), LoadtestError> {
                 .map(|(i, b)| {
                     Text::new(
                         compact(b.allowed),
-                        (i as f64 - 0.36, b.allowed * 1.25),
+                        (i as f64 - 0.36, b.allowed.max(b.expected.unwrap_or(0.0)) * 1.3),
                         (FAMILY, 12).into_font().color(&green),
                     )
                 }),
         )?;
+        // The verdict under each profile's name, red when it failed.
+        for (i, b) in bars.iter().enumerate() {
+            let (x, y) = chart.backend_coord(&(i as f64, floor));
+            let color = if b.verdict == Verdict::Fail {
+                red
+            } else {
+                RGBColor(90, 90, 90)
+            };
+            let style = (FAMILY, 12)
+                .into_font()
+                .color(&color)
+                .pos(Pos::new(HPos::Center, VPos::Top));
+            root.draw(&Text::new(b.verdict.to_string(), (x, y + 26), style))?;
+        }
         chart
             .configure_series_labels()
             .position(SeriesLabelPosition::UpperLeft)
