@@ -65,11 +65,6 @@ use target::{SpawnedServer, Target};
 pub async fn run(args: &Args, server_exe: Option<&Path>) -> Result<Report, LoadtestError> {
     args.validate()?;
     let set = ProfileSet::load(&args.profiles)?;
-    // Before the run, so a bad --out does not waste it.
-    std::fs::create_dir_all(&args.out).map_err(|source| LoadtestError::Write {
-        path: args.out.clone(),
-        source,
-    })?;
     let server = if args.spawn {
         let exe = target::server_exe(server_exe)?;
         Some(SpawnedServer::start(&exe, args.config.as_deref()).await?)
@@ -97,6 +92,12 @@ pub async fn run(args: &Args, server_exe: Option<&Path>) -> Result<Report, Loadt
 
 async fn measure(args: &Args, set: &ProfileSet, url: &str) -> Result<Report, LoadtestError> {
     let target = Target::resolve(url).await?;
+    target.check_reachable().await?;
+    // Before the run, so a bad --out does not waste it.
+    std::fs::create_dir_all(&args.out).map_err(|source| LoadtestError::Write {
+        path: args.out.clone(),
+        source,
+    })?;
     let plan = Plan {
         duration: args.duration,
         trials: args.trials,

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 
 use crate::LoadtestError;
@@ -59,7 +60,24 @@ impl Target {
             path: path.to_string(),
         })
     }
+
+    /// Opens one connection, so a wrong URL is an error before the run rather than a trial
+    /// full of failed connections.
+    pub async fn check_reachable(&self) -> Result<(), LoadtestError> {
+        let reason = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(self.addr)).await {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(e)) => format!("cannot connect to {}: {e}", self.addr),
+            Err(_) => format!("cannot connect to {} within {CONNECT_TIMEOUT:?}", self.addr),
+        };
+        Err(LoadtestError::Url {
+            url: format!("http://{}{}", self.host, self.path),
+            reason,
+        })
+    }
 }
+
+/// How long the reachability check may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long a spawned server may take to say where it listens.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);

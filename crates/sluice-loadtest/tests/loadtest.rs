@@ -290,14 +290,17 @@ async fn spawn_with_a_missing_executable_says_which() {
 
 #[tokio::test]
 async fn an_unwritable_output_directory_is_named_before_the_run() {
+    let (addr, answered) = common::demo_server(Duration::from_millis(10)).await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("a-file");
     std::fs::write(&file, "").unwrap();
     let out = file.join("results");
-    let args = common::args(&["--url", "http://127.0.0.1:9/", "--out", out.to_str().unwrap()]);
+    let url = format!("http://{addr}/");
+    let args = common::args(&["--url", &url, "--out", out.to_str().unwrap()]);
     let err = sluice_loadtest::run(&args, None).await.unwrap_err();
     assert!(matches!(err, LoadtestError::Write { .. }), "{err}");
     assert!(err.to_string().contains("a-file/results"), "{err}");
+    assert_eq!(answered.get(), (0, 0, 0), "no load was sent");
 }
 
 #[test]
@@ -330,12 +333,21 @@ fn arguments_are_checked() {
     }
 }
 
+/// A URL on a port nothing listens on (just released).
+async fn closed_port_url() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    format!("http://{addr}/")
+}
+
 #[tokio::test]
 async fn urls_are_checked() {
     for (url, reason) in [
         ("https://127.0.0.1/", "only http://"),
         ("http:///x", "no host"),
         ("http://127.0.0.1:99999/", "cannot resolve"),
+        (&closed_port_url().await, "cannot connect"),
     ] {
         let args = common::args(&["--url", url, "--duration", "2s", "--no-progress"]);
         let err = sluice_loadtest::run(&args, None).await.unwrap_err();
