@@ -48,7 +48,7 @@ pub struct Args {
     /// Trials run one after the other.
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub trials: u32,
-    /// Keep-alive connections per profile (overrides the profiles' own).
+    /// Keep-alive connections per profile [default: the profile's own, else 4].
     #[arg(long, value_name = "N")]
     pub connections: Option<u32>,
     /// Start of each trial left out of the steady allow rate (the cold start: burst, failsafe

@@ -378,6 +378,10 @@ pub struct ProfileSummary {
     pub measured: f64,
     /// Error of `measured` in percent, where defined.
     pub error_percent: Option<f64>,
+    /// Allowed in the steady windows, all trials.
+    pub steady_allowed: u64,
+    /// What the expected rate grants in the steady windows (`None` when unlimited).
+    pub steady_expected: Option<f64>,
     /// Allowed during cold starts, all trials.
     pub cold_start_allowed: u64,
     /// Allowed, all trials.
@@ -406,6 +410,11 @@ impl ProfileSummary {
             expected: first.expected,
             measured,
             error_percent,
+            steady_allowed: steady,
+            steady_expected: match first.expected {
+                Expected::Rate(rate) => Some(rate * secs),
+                Expected::Unlimited => None,
+            },
             cold_start_allowed: rows.iter().map(|r| r.cold_start_allowed).sum(),
             allowed: rows.iter().map(|r| r.allowed).sum(),
             denied: rows.iter().map(|r| r.denied).sum(),
@@ -522,18 +531,30 @@ impl fmt::Display for Report {
             .max(7);
         writeln!(
             f,
-            "{:<width$}  {:>10}  {:>12}  {:>9}  {:>10}  {:>10}  {:>10}  {:>6}  verdict",
-            "profile", "expected/s", "measured/s", "error %", "cold start", "allowed", "denied", "errors"
+            "{:<width$}  {:>10}  {:>12}  {:>9}  {:>17}  {:>10}  {:>10}  {:>10}  {:>6}  verdict",
+            "profile",
+            "expected/s",
+            "measured/s",
+            "error %",
+            "window: got/quota",
+            "cold start",
+            "allowed",
+            "denied",
+            "errors"
         )?;
         for p in &self.profiles {
             let error = p.error_percent.map_or_else(|| "-".into(), |e| format!("{e:+.2}"));
+            let quota = p
+                .steady_expected
+                .map_or_else(|| "-".into(), |e| format!("{e:.1}"));
             writeln!(
                 f,
-                "{:<width$}  {:>10}  {:>12.3}  {:>9}  {:>10}  {:>10}  {:>10}  {:>6}  {}",
+                "{:<width$}  {:>10}  {:>12.3}  {:>9}  {:>17}  {:>10}  {:>10}  {:>10}  {:>6}  {}",
                 p.profile,
                 p.expected.to_string(),
                 p.measured,
                 error,
+                format!("{}/{quota}", p.steady_allowed),
                 p.cold_start_allowed,
                 p.allowed,
                 p.denied,
@@ -555,8 +576,9 @@ impl fmt::Display for Report {
         f.write_str(&notes)?;
         writeln!(
             f,
-            "measured/s: allowed per second between the first denial after the first {:?} of each trial \
-             and the last denial; cold start: allowed before that window. PASS: within 1% or 1 request.",
+            "measured/s: allowed per second in the steady windows, from the first denial after the first \
+             {:?} of a trial to its last denial (window: allowed there / what the quota grants there); \
+             cold start: allowed before. PASS: every trial within 1% or 1 request.",
             self.settle
         )?;
         if !self.files.is_empty() {
