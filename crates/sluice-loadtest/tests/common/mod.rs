@@ -68,6 +68,9 @@ pub async fn demo_server(fetch_latency: Duration) -> (SocketAddr, Arc<Answered>)
         }
     });
     let limiter = KeyedLimiter::builder(TokenBucket, "100/s".parse().unwrap())
+        // Room for every invalidN account of a short test: evicting the others would send them
+        // through the failsafe period again.
+        .capacity(2_000_000)
         .source(source)
         .spawner(|task| {
             tokio::spawn(task);
