@@ -1,0 +1,130 @@
+//! The command-line arguments of `sluice loadtest`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::LoadtestError;
+
+/// Connections per profile unless a profile or `--connections` says otherwise.
+pub const DEFAULT_CONNECTIONS: u32 = 4;
+
+/// Arguments of `sluice loadtest`, to be flattened into a subcommand.
+///
+/// # Example
+/// ```
+/// use clap::Parser;
+/// #[derive(Parser)]
+/// struct Cli {
+///     #[command(flatten)]
+///     loadtest: sluice_loadtest::Args,
+/// }
+/// let cli = Cli::try_parse_from(["sluice", "--url", "http://127.0.0.1:8080/", "--duration", "2s"])?;
+/// assert_eq!(cli.loadtest.duration, std::time::Duration::from_secs(2));
+/// assert_eq!(cli.loadtest.profiles, "seed");
+/// # Ok::<(), clap::Error>(())
+/// ```
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// The server to load, e.g. http://127.0.0.1:8080/
+    #[arg(
+        long,
+        value_name = "URL",
+        required_unless_present = "spawn",
+        conflicts_with = "spawn"
+    )]
+    pub url: Option<String>,
+    /// Start `sluice serve --listen 127.0.0.1:0` and load it; it is stopped at the end.
+    #[arg(long)]
+    pub spawn: bool,
+    /// Config file passed to the spawned server (`sluice serve --config FILE`).
+    #[arg(long, value_name = "FILE", requires = "spawn")]
+    pub config: Option<PathBuf>,
+    /// `seed` (seed 000's twelve profiles) or a YAML file of profiles.
+    #[arg(long, value_name = "seed|FILE", default_value = "seed")]
+    pub profiles: String,
+    /// Length of each trial, e.g. 10s, 500ms, 2m.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Trials run one after the other.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub trials: u32,
+    /// Keep-alive connections per profile [default: the profile's own, else 4].
+    #[arg(long, value_name = "N")]
+    pub connections: Option<u32>,
+    /// Start of each trial left out of the steady allow rate (the cold start: burst, failsafe
+    /// quota during the quota fetch).
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    pub settle: Duration,
+    /// Directory for results.tsv, rates.png and latencies.png.
+    #[arg(long, value_name = "DIR", default_value = "loadtest-results")]
+    pub out: PathBuf,
+    /// No progress bar (there is none either when stderr is not a terminal).
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+impl Args {
+    /// Checks what clap cannot: ranges and the relation between arguments.
+    ///
+    /// # Errors
+    /// [`LoadtestError::Argument`] naming the argument.
+    pub fn validate(&self) -> Result<(), LoadtestError> {
+        let bad = |argument, reason: &str| {
+            Err(LoadtestError::Argument {
+                argument,
+                reason: reason.into(),
+            })
+        };
+        if self.trials == 0 {
+            return bad("--trials", "must be at least 1");
+        }
+        if self.connections == Some(0) {
+            return bad("--connections", "must be at least 1");
+        }
+        if self.duration.is_zero() {
+            return bad("--duration", "must be longer than 0");
+        }
+        if self.settle >= self.duration {
+            return bad("--settle", "must be shorter than --duration");
+        }
+        if self.url.is_none() && !self.spawn {
+            return bad("--url", "give --url URL or --spawn");
+        }
+        Ok(())
+    }
+}
+
+/// Parses `10s`, `500ms`, `2m`, `1h`, `1.5s`, `250us`.
+///
+/// # Example
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(sluice_loadtest::parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+/// assert!(sluice_loadtest::parse_duration("10").is_err());
+/// ```
+///
+/// # Errors
+/// A message naming the accepted forms.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let seconds_per_unit = match unit.trim() {
+        "us" | "µs" => 1e-6,
+        "ms" => 1e-3,
+        "s" => 1.0,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        _ => {
+            return Err(format!(
+                "`{text}`: expected a number and a unit: us, ms, s, m or h (e.g. 10s)"
+            ));
+        }
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("`{text}`: `{number}` is not a number"))?;
+    Duration::try_from_secs_f64(value * seconds_per_unit).map_err(|_| format!("`{text}`: out of range"))
+}
