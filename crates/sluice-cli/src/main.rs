@@ -1,4 +1,5 @@
-//! `sluice`: a rate-limited HTTP server (`serve`) and a config checker (`validate`).
+//! `sluice`: a rate-limited HTTP server (`serve`), a config checker (`validate`) and a load
+//! generator (`loadtest`).
 
 mod app;
 mod config;
@@ -33,6 +34,11 @@ enum Command {
         /// The YAML config file.
         file: PathBuf,
     },
+    /// Load a server with concurrent user profiles (seed 000's suite by default).
+    ///
+    /// Writes results.tsv, rates.png and latencies.png to --out and prints a verdict per
+    /// profile; exits 1 if a profile failed. With --spawn it starts `sluice serve` itself.
+    Loadtest(sluice_loadtest::Args),
 }
 
 #[derive(Debug, clap::Args)]
@@ -53,6 +59,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve(args) => serve(args),
         Command::Validate { file } => validate(&file),
+        Command::Loadtest(args) => loadtest(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -67,6 +74,24 @@ fn validate(file: &std::path::Path) -> Result<(), String> {
     config::load(file).map_err(|e| format!("{}: {e}", file.display()))?;
     println!("{}: ok", file.display());
     Ok(())
+}
+
+fn loadtest(args: &sluice_loadtest::Args) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    // --spawn starts this very executable as the server.
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the sluice executable: {e}"))?;
+    let report = runtime
+        .block_on(sluice_loadtest::run(args, Some(&exe)))
+        .map_err(|e| e.to_string())?;
+    print!("{report}");
+    if report.passed() {
+        Ok(())
+    } else {
+        Err("loadtest: not every profile passed (see the summary above)".into())
+    }
 }
 
 fn serve(args: ServeArgs) -> Result<(), String> {

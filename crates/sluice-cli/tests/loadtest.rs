@@ -1,0 +1,56 @@
+//! `sluice loadtest --spawn`: the binary loads a `sluice serve` it starts itself and writes the
+//! seed's three files.
+
+mod common;
+
+use common::{TempDir, sluice};
+
+#[test]
+fn loadtest_spawns_the_server_and_writes_results_and_charts() {
+    let dir = TempDir::new();
+    let out = dir.path().join("run");
+    let output = sluice()
+        .args([
+            "loadtest",
+            "--spawn",
+            "--profiles",
+            "seed",
+            "--duration",
+            "3s",
+            "--trials",
+            "1",
+        ])
+        .args(["--connections", "1", "--no-progress", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    // A loaded machine may fail a verdict (exit 1), but the run itself must not error (2).
+    assert!(output.status.code().is_some_and(|c| c <= 1), "{stdout}\n{stderr}");
+    for profile in [
+        "invalidN@example.com",
+        "ANONYMOUS",
+        "alice@example.com",
+        "admin@example.com",
+    ] {
+        assert!(stdout.contains(profile), "summary names {profile}: {stdout}");
+    }
+    let tsv = std::fs::read_to_string(out.join("results.tsv")).unwrap();
+    let mut lines = tsv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split('\t').collect();
+    assert_eq!(header[0], "account ID");
+    assert_eq!(lines.count(), 12, "one row per seed profile and trial: {tsv}");
+    for chart in ["rates.png", "latencies.png"] {
+        let bytes = std::fs::read(out.join(chart)).unwrap();
+        assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "{chart} is a PNG");
+    }
+}
+
+#[test]
+fn loadtest_without_a_target_says_what_to_give() {
+    let output = sluice().args(["loadtest", "--no-progress"]).output().unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--url"), "{stderr}");
+}
