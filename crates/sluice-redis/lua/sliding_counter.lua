@@ -1,0 +1,63 @@
+-- Sliding window counter: this window's count plus the previous one's, weighted by how much
+-- of it still overlaps the sliding window. KEYS[1]: hash {w = window index, a = previous
+-- count, b = current count}. ARGV: cost, force, now (-1: Redis TIME), window (us), limit.
+-- Returns {allowed, remaining, reset (us), retry (us)}.
+local cost = tonumber(ARGV[1])
+local force = ARGV[2] == '1'
+local now = now_micros(ARGV[3])
+local len = tonumber(ARGV[4])
+local limit = tonumber(ARGV[5])
+
+local index = divmod(now, len)
+local previous, current = 0, 0
+local s = redis.call('HMGET', KEYS[1], 'w', 'a', 'b')
+if s[1] then
+  local stored = tonumber(s[1])
+  previous = tonumber(s[2])
+  current = tonumber(s[3])
+  if index == stored + 1 then
+    previous = current
+    current = 0
+  elseif index > stored + 1 then
+    previous = 0
+    current = 0
+  elseif index < stored then
+    index = stored
+  end
+end
+
+local elapsed = now - index * len
+if elapsed < 0 then elapsed = 0 end
+if elapsed > len then elapsed = len end
+local until_end = len - elapsed
+local used = ceil_div(previous * until_end, len) + current
+local reset = 0
+if current > 0 then
+  reset = until_end + len
+elseif previous > 0 then
+  reset = until_end
+end
+
+-- When the weighted count of `count` units leaves `room` units free: window - room*window/count.
+local function decayed_at(count, room)
+  if count == 0 then return 0 end
+  local q = divmod(room * len, count)
+  return at_least_zero(len - q)
+end
+
+if used + cost > limit and not force then
+  local retry
+  if current + cost <= limit then
+    retry = decayed_at(previous, limit - current - cost) - elapsed
+  else
+    retry = until_end + decayed_at(current, limit - cost)
+  end
+  return {0, at_least_zero(limit - used), reset, retry}
+end
+if cost > 0 then
+  current = current + cost
+  reset = until_end + len
+  redis.call('HSET', KEYS[1], 'w', index, 'a', previous, 'b', current)
+  redis.call('PEXPIRE', KEYS[1], ttl_ms(until_end + len))
+end
+return {1, at_least_zero(limit - used - cost), reset, 0}
