@@ -165,6 +165,7 @@ struct Inner {
     conn: RwLock<Option<Conn>>,
     connecting: tokio::sync::Mutex<()>,
     health: Health,
+    runtime: tokio::runtime::Handle,
 }
 
 impl RedisStore {
@@ -217,6 +218,7 @@ impl RedisStore {
                 options,
                 conn: RwLock::new(None),
                 connecting: tokio::sync::Mutex::new(()),
+                runtime: tokio::runtime::Handle::current(),
             }),
         };
         let connect_timeout = store.inner.options.connect_timeout;
