@@ -1,7 +1,8 @@
 -- Sliding window counter: this window's count plus the previous one's, weighted by how much
 -- of it still overlaps the sliding window. KEYS[1]: hash {w = window index, a = previous
 -- count, b = current count}. ARGV: cost, force, now (-1: Redis TIME), window (us), limit.
--- Returns {allowed, remaining, reset (us), retry (us)}.
+-- Returns {allowed, remaining, reset (us), 0} or, denied, {0, remaining, reset (us), base (us),
+-- count, room}: see below.
 local cost = tonumber(ARGV[1])
 local force = ARGV[2] == '1'
 local now = now_micros(ARGV[3])
@@ -38,21 +39,16 @@ elseif previous > 0 then
   reset = until_end
 end
 
--- When the weighted count of `count` units leaves `room` units free: window - room*window/count.
-local function decayed_at(count, room)
-  if count == 0 then return 0 end
-  local q = divmod(room * len, count)
-  return at_least_zero(len - q)
-end
-
+-- A denial's retry time is left to the caller, exact in nanoseconds: it is `base` µs plus
+-- the time the weighted count of `count` units takes to leave `room` units free
+-- (window - room * window / count).
 if used + cost > limit and not force then
-  local retry
   if current + cost <= limit then
-    retry = decayed_at(previous, limit - current - cost) - elapsed
-  else
-    retry = until_end + decayed_at(current, limit - cost)
+    -- Later in this window, once the previous window's count has decayed enough.
+    return {0, at_least_zero(limit - used), reset, -elapsed, previous, limit - current - cost}
   end
-  return {0, at_least_zero(limit - used), reset, retry}
+  -- In the next window, once this window's count (then the previous one) has decayed.
+  return {0, at_least_zero(limit - used), reset, until_end, current, limit - cost}
 end
 if cost > 0 then
   current = current + cost

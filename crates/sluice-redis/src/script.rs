@@ -149,6 +149,9 @@ impl Plan {
 
     /// The decision a script's reply means.
     pub(crate) fn decision(&self, reply: &[i64]) -> Option<Decision> {
+        if let (&[0, remaining, reset, base, count, room], Shape::Window { micros }) = (reply, self.shape) {
+            return Some(self.counter_denial([remaining, reset], base, count, room, micros));
+        }
         let &[allowed, a, b, c] = reply else { return None };
         let [a, b, c] = [a, b, c].map(|v| u64::try_from(v).unwrap_or(0));
         let cap = self.capacity;
@@ -174,5 +177,33 @@ impl Plan {
                 }
             }
         })
+    }
+
+    /// A sliding window counter's denial: the retry time is `base` µs plus the time the
+    /// weighted count of `count` units takes to leave `room` free, computed in nanoseconds as
+    /// the core does.
+    fn counter_denial(
+        &self,
+        [remaining, reset]: [i64; 2],
+        base: i64,
+        count: i64,
+        room: i64,
+        micros: u64,
+    ) -> Decision {
+        let window = i128::from(micros) * 1000;
+        let (count, room) = (i128::from(count), i128::from(room));
+        let decayed = if count <= 0 {
+            0
+        } else {
+            (window - room * window / count).max(0)
+        };
+        let retry = (i128::from(base) * 1000 + decayed).max(0);
+        let unsigned = |v: i128| u64::try_from(v).unwrap_or(0);
+        Decision::denied(
+            self.capacity,
+            unsigned(remaining.into()),
+            unsigned(i128::from(reset) * 1000),
+            unsigned(retry),
+        )
     }
 }

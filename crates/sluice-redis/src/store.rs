@@ -267,19 +267,29 @@ impl RedisStore {
         if let Some(conn) = read(&self.inner.conn).clone() {
             return Ok(conn);
         }
-        let conn = match &self.inner.target {
+        // The connection's driver task lives on the runtime the store was made on, not on
+        // whichever runtime the caller that reconnects happens to run (it may be short-lived).
+        let connect = match &self.inner.target {
             Target::Single(client) => {
+                let client = client.clone();
                 let config = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(self.inner.options.connect_timeout))
                     .set_response_timeout(None);
-                Conn::Single(
-                    client
-                        .get_multiplexed_async_connection_with_config(&config)
-                        .await?,
-                )
+                self.inner.runtime.spawn(async move {
+                    let conn = client.get_multiplexed_async_connection_with_config(&config).await;
+                    conn.map(Conn::Single)
+                })
             }
-            Target::Cluster(client) => Conn::Cluster(client.get_async_connection().await?),
+            Target::Cluster(client) => {
+                let client = client.clone();
+                self.inner
+                    .runtime
+                    .spawn(async move { client.get_async_connection().await.map(Conn::Cluster) })
+            }
         };
+        let conn = connect.await.map_err(|e| {
+            redis::RedisError::from(std::io::Error::other(format!("connecting task failed: {e}")))
+        })??;
         *self.inner.conn.write().unwrap_or_else(PoisonError::into_inner) = Some(conn.clone());
         Ok(conn)
     }

@@ -145,8 +145,8 @@ async fn skewed_host_clocks_change_nothing() {
             .await
             .expect("connect");
         let clock = ManualClock::new(skew_hours * 3_600_000_000_000);
-        let limiter = RedisLimiter::builder(TokenBucket, quota("10/s"))
-            .unknown_key_quota(quota("10/s"))
+        let limiter = RedisLimiter::builder(TokenBucket, quota("10/day"))
+            .unknown_key_quota(quota("10/day"))
             .local_clock(clock)
             .hosts(3)
             .build(store)
@@ -164,8 +164,7 @@ async fn skewed_host_clocks_change_nothing() {
             admitted += 1;
         }
     }
-    // The 30 checks take well under the 100 ms one token needs... or a few tokens more.
-    assert!((10..=13).contains(&admitted), "admitted {admitted}");
+    assert_eq!(admitted, 10);
     let waits: Vec<Duration> = {
         let mut out = Vec::new();
         for h in &hosts {
@@ -235,7 +234,8 @@ async fn every_key_expires_when_idle_and_shares_a_hash_tag() {
             "{key}"
         );
         let ttl: i64 = server.cli(&["PTTL", key]).trim().parse().expect("pttl");
-        assert!(ttl > 0 && ttl <= 2_100, "{key} has TTL {ttl} ms");
+        // -1 would be a key without expiry; -2 one that already expired.
+        assert!(ttl == -2 || (ttl > 0 && ttl <= 2_100), "{key} has TTL {ttl} ms");
     }
     // Idle keys vanish by themselves.
     support::wait_until("idle keys to expire", Duration::from_secs(10), || {
