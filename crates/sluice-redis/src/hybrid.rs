@@ -1,17 +1,20 @@
 //! Hybrid mode: admit locally, and every sync interval push the consumed counts to Redis and
 //! pull the global state back.
 //!
-//! Each host holds, per key, an allowance for the current interval: what Redis said remains
-//! at the last sync, capped at `ceil(capacity / hosts) + ceil(rate × interval)`. Checks take
-//! from it with one compare-and-swap and no network. One background task per limiter pushes
-//! each key's consumption with a forced check (Redis' state may go below empty: a debt that
-//! later refills repay) and sets the new allowance from the remaining Redis reports.
+//! Each host holds, per key, an allowance for the current interval: what Redis reported
+//! remaining at the last sync, capped at one interval's refill, `ceil(rate × interval)`.
+//! Checks take from it with one compare-and-swap and no network. One background task per
+//! limiter pushes each key's consumption to Redis with a forced check (Redis' state may go
+//! below empty: a debt that the refill repays before Redis reports room again) and sets the
+//! next allowance. When the allowance is spent but Redis reported more room (a burst), checks
+//! go to Redis and are decided exactly there; when Redis had no room either, they are denied
+//! locally until the next sync.
 //!
-//! Over-admission bound: in one interval every host may spend an allowance pulled before the
-//! others' spending reached Redis, so the hosts together admit at most about
-//! `hosts × rate × interval` more than the strict limit (plus the burst split among hosts,
-//! which the strict limit would also admit); the debt it leaves in Redis is repaid before
-//! Redis reports room again, so the excess does not accumulate across intervals.
+//! Over-admission bound: only local admissions are unknown to Redis, at most
+//! `ceil(rate × interval)` per host between two syncs, so the hosts together admit at most
+//! `hosts × ceil(rate × interval)` more than the strict limit. For the token bucket and the
+//! sliding windows the excess is a debt in Redis and does not accumulate; a fixed window
+//! forgets its count when it ends, so there the bound holds per window.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -62,6 +65,8 @@ struct Entry {
     capacity: AtomicU64,
     /// The most one interval's allowance can be.
     cap: AtomicU64,
+    /// What Redis said remains, at the last contact.
+    global: AtomicU64,
     reset_ns: AtomicU64,
     touched: AtomicBool,
 }
@@ -77,12 +82,14 @@ fn unpack(state: u64) -> (u64, u64) {
 }
 
 impl Entry {
-    fn new(capacity: u64, cap: u64, allowance: u64, reset_ns: u64) -> Self {
+    fn new(quota: &Quota, cap: u64, decision: Decision) -> Self {
+        let remaining = decision.remaining();
         Self {
-            state: AtomicU64::new(pack(allowance.min(cap), 0)),
-            capacity: AtomicU64::new(capacity),
+            state: AtomicU64::new(pack(remaining.min(cap), 0)),
+            capacity: AtomicU64::new(quota.capacity()),
             cap: AtomicU64::new(cap),
-            reset_ns: AtomicU64::new(reset_ns),
+            global: AtomicU64::new(remaining),
+            reset_ns: AtomicU64::new(decision.reset_after_nanos()),
             touched: AtomicBool::new(true),
         }
     }
@@ -215,33 +222,37 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> HybridLimiter<A, S> {
     pub async fn check_n(&self, key: &str, cost: u64) -> Result<Decision, Error> {
         let inner = &*self.inner;
         let entry = read(&inner.entries).get(key).cloned();
-        if let Some(entry) = entry {
-            let capacity = entry.capacity.load(Ordering::Relaxed);
-            if cost <= capacity && cost <= entry.cap.load(Ordering::Relaxed) {
-                entry.touched.store(true, Ordering::Relaxed);
-                let reset = entry.reset_ns.load(Ordering::Relaxed);
-                match entry.take(cost) {
-                    Ok(left) => {
-                        inner.counters.local_allowed.fetch_add(1, Ordering::Relaxed);
-                        return Ok(Decision::allowed(capacity, left - cost, reset));
-                    }
-                    Err(left) if !inner.strict.store().is_degraded() => {
-                        inner.counters.local_denied.fetch_add(1, Ordering::Relaxed);
-                        let until_sync = inner
-                            .next_sync
-                            .load(Ordering::Relaxed)
-                            .saturating_sub(MonotonicClock.now());
-                        return Ok(Decision::denied(capacity, left, reset, until_sync));
-                    }
-                    // Spent, and Redis is down: the failure policy answers (below).
-                    Err(_) => {}
+        let Some(entry) = entry else {
+            return self.check_strict(key, cost, None).await;
+        };
+        let capacity = entry.capacity.load(Ordering::Relaxed);
+        entry.touched.store(true, Ordering::Relaxed);
+        if cost <= capacity && cost <= entry.cap.load(Ordering::Relaxed) {
+            let reset = entry.reset_ns.load(Ordering::Relaxed);
+            match entry.take(cost) {
+                Ok(left) => {
+                    inner.counters.local_allowed.fetch_add(1, Ordering::Relaxed);
+                    return Ok(Decision::allowed(capacity, left - cost, reset));
                 }
+                // Spent here, and Redis had nothing more either at the last contact: deny
+                // until the next sync brings news. (Redis down: the failure policy answers.)
+                Err(left)
+                    if entry.global.load(Ordering::Relaxed) < cost && !inner.strict.store().is_degraded() =>
+                {
+                    inner.counters.local_denied.fetch_add(1, Ordering::Relaxed);
+                    let next_sync = inner.next_sync.load(Ordering::Relaxed);
+                    let until_sync = next_sync.saturating_sub(MonotonicClock.now());
+                    return Ok(Decision::denied(capacity, left, reset, until_sync));
+                }
+                Err(_) => {}
             }
         }
-        self.check_strict(key, cost).await
+        // This interval's allowance is spent but Redis has room (or the cost is above one
+        // interval's allowance): decide exactly on Redis.
+        self.check_strict(key, cost, Some(&entry)).await
     }
 
-    async fn check_strict(&self, key: &str, cost: u64) -> Result<Decision, Error> {
+    async fn check_strict(&self, key: &str, cost: u64, entry: Option<&Entry>) -> Result<Decision, Error> {
         let inner = &*self.inner;
         let (quota, plan) = match inner.strict.prepare(key, cost) {
             Prepared::Done(result) => return result,
@@ -250,15 +261,15 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> HybridLimiter<A, S> {
         inner.counters.strict_checks.fetch_add(1, Ordering::Relaxed);
         match inner.strict.run(key, &plan, cost, false, -1).await {
             Ok(decision) => {
-                let cap = inner.allowance_cap(&quota);
-                let fresh = Entry::new(
-                    quota.capacity(),
-                    cap,
-                    decision.remaining(),
-                    decision.reset_after_nanos(),
-                );
-                let mut entries = write(&inner.entries);
-                entries.entry(key.to_string()).or_insert_with(|| Arc::new(fresh));
+                match entry {
+                    Some(entry) => entry.global.store(decision.remaining(), Ordering::Relaxed),
+                    None => {
+                        let cap = inner.per_interval(&quota);
+                        let fresh = Entry::new(&quota, cap, decision);
+                        let mut entries = write(&inner.entries);
+                        entries.entry(key.to_string()).or_insert_with(|| Arc::new(fresh));
+                    }
+                }
                 Ok(decision)
             }
             Err(error) => inner.strict.by_policy(key, &quota, cost, &error),
@@ -291,14 +302,12 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> HybridLimiter<A, S> {
 }
 
 impl<A: RedisAlgorithm, S: QuotaSource<String>> Inner<A, S> {
-    /// The most one host admits locally in one interval:
-    /// `ceil(capacity / hosts) + ceil(rate × interval)`.
-    fn allowance_cap(&self, quota: &Quota) -> u64 {
-        let hosts = self.strict.hosts();
-        let per_interval = (u128::from(duration_nanos(self.interval)) * u128::from(quota.count()))
+    /// The most one host admits locally between two syncs: what the quota refills in one
+    /// interval, rounded up (at least 1).
+    fn per_interval(&self, quota: &Quota) -> u64 {
+        let units = (u128::from(duration_nanos(self.interval)) * u128::from(quota.count()))
             .div_ceil(u128::from(quota.period_nanos().max(1)));
-        let per_interval = u64::try_from(per_interval).unwrap_or(u64::MAX);
-        quota.capacity().div_ceil(hosts).saturating_add(per_interval)
+        u64::try_from(units).unwrap_or(u64::MAX).max(1)
     }
 
     async fn sync(self: &Arc<Self>) {
@@ -342,13 +351,15 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> Inner<A, S> {
         };
         match self.strict.run(key, &plan, used, true, -1).await {
             Ok(decision) => {
-                let cap = self.allowance_cap(&quota);
+                let cap = self.per_interval(&quota);
+                let remaining = decision.remaining();
                 entry.capacity.store(quota.capacity(), Ordering::Relaxed);
                 entry.cap.store(cap, Ordering::Relaxed);
+                entry.global.store(remaining, Ordering::Relaxed);
                 entry
                     .reset_ns
                     .store(decision.reset_after_nanos(), Ordering::Relaxed);
-                entry.refill(decision.remaining().min(cap));
+                entry.refill(remaining.min(cap));
             }
             Err(error) => {
                 self.counters.sync_failures.fetch_add(1, Ordering::Relaxed);
