@@ -9,6 +9,12 @@ fi
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq >/dev/null
-$SUDO apt-get install -y -qq --no-install-recommends redis-server redis-tools >/dev/null
+log="$(mktemp)"
+if ! { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends redis-server redis-tools; } >"$log" 2>&1; then
+  cat "$log" >&2
+  rm -f "$log"
+  echo "ensure-redis: apt-get could not install redis-server and redis-tools" >&2
+  exit 1
+fi
+rm -f "$log"
 command -v redis-server >/dev/null 2>&1 || { echo "ensure-redis: redis-server still missing after apt-get install" >&2; exit 1; }
