@@ -1,4 +1,4 @@
--- Fixed window counter. KEYS[1]: hash {w = window index, n = units counted in it}.
+-- Fixed window counter. KEYS[1]: string "W N", the window index W and the units N counted in it.
 -- ARGV: cost, force, now (-1: Redis TIME), window (microseconds), limit.
 -- Returns {allowed, remaining, reset (us), retry (us)}.
 local cost = tonumber(ARGV[1])
@@ -10,8 +10,11 @@ local limit = tonumber(ARGV[5])
 local index, into = divmod(now, window)
 local until_end = window - into
 local used = 0
-local s = redis.call('HMGET', KEYS[1], 'w', 'n')
-if s[1] and tonumber(s[1]) == index then used = tonumber(s[2]) end
+local stored = redis.call('GET', KEYS[1])
+if stored then
+  local w, n = string.match(stored, '^(%S+) (%S+)$')
+  if tonumber(w) == index then used = tonumber(n) end
+end
 local reset = until_end
 if used == 0 then reset = 0 end
 
@@ -22,6 +25,5 @@ if cost == 0 then
   return {1, at_least_zero(limit - used), reset, 0}
 end
 used = used + cost
-redis.call('HSET', KEYS[1], 'w', index, 'n', used)
-redis.call('PEXPIRE', KEYS[1], ttl_ms(until_end))
+redis.call('SET', KEYS[1], int(index) .. ' ' .. int(used), 'PX', ttl_ms(until_end))
 return {1, at_least_zero(limit - used), until_end, 0}

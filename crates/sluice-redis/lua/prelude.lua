@@ -36,6 +36,11 @@ local function now_micros(arg)
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
+-- An integer as decimal digits (tostring would switch to an exponent above 10^14).
+local function int(x)
+  return string.format('%.0f', x)
+end
+
 -- Expiry in milliseconds for state that matters for `micros` more: rounded up, plus a margin.
 local function ttl_ms(micros)
   return math.floor(micros / 1000) + 2

@@ -1,6 +1,6 @@
 -- Sliding window counter: this window's count plus the previous one's, weighted by how much
--- of it still overlaps the sliding window. KEYS[1]: hash {w = window index, a = previous
--- count, b = current count}. ARGV: cost, force, now (-1: Redis TIME), window (us), limit.
+-- of it still overlaps the sliding window. KEYS[1]: string "W A B", the window
+-- index W, the previous window's count A and this window's count B. ARGV: cost, force, now (-1: Redis TIME), window (us), limit.
 -- Returns {allowed, remaining, reset (us), 0} or, denied, {0, remaining, reset (us), base (us),
 -- count, room}: see below.
 local cost = tonumber(ARGV[1])
@@ -11,11 +11,12 @@ local limit = tonumber(ARGV[5])
 
 local index = divmod(now, len)
 local previous, current = 0, 0
-local s = redis.call('HMGET', KEYS[1], 'w', 'a', 'b')
-if s[1] then
-  local stored = tonumber(s[1])
-  previous = tonumber(s[2])
-  current = tonumber(s[3])
+local state = redis.call('GET', KEYS[1])
+if state then
+  local w, a, b = string.match(state, '^(%S+) (%S+) (%S+)$')
+  local stored = tonumber(w)
+  previous = tonumber(a)
+  current = tonumber(b)
   if index == stored + 1 then
     previous = current
     current = 0
@@ -53,7 +54,7 @@ end
 if cost > 0 then
   current = current + cost
   reset = until_end + len
-  redis.call('HSET', KEYS[1], 'w', index, 'a', previous, 'b', current)
-  redis.call('PEXPIRE', KEYS[1], ttl_ms(until_end + len))
+  local value = int(index) .. ' ' .. int(previous) .. ' ' .. int(current)
+  redis.call('SET', KEYS[1], value, 'PX', ttl_ms(until_end + len))
 end
 return {1, at_least_zero(limit - used - cost), reset, 0}

@@ -189,8 +189,8 @@ struct Inner<A: RedisAlgorithm, S> {
 }
 
 impl<A: RedisAlgorithm, S: QuotaSource<String>> HybridLimiter<A, S> {
-    /// Starts hybrid mode over `strict`, syncing every `interval` (at least 1 ms). Must be
-    /// called within a tokio runtime, where the sync task runs.
+    /// Starts hybrid mode over `strict`, syncing every `interval` (at least 1 ms). The sync
+    /// task runs on the runtime the store was connected on.
     pub fn new(strict: RedisLimiter<A, S>, interval: Duration) -> Self {
         let interval = interval.max(Duration::from_millis(1));
         let inner = Arc::new(Inner {
@@ -201,7 +201,8 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> HybridLimiter<A, S> {
             counters: Counters::default(),
         });
         let weak: Weak<Inner<A, S>> = Arc::downgrade(&inner);
-        tokio::spawn(async move {
+        let runtime = inner.strict.store().runtime().clone();
+        runtime.spawn(async move {
             let mut ticks = tokio::time::interval(interval);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             ticks.tick().await;

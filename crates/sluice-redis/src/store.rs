@@ -210,6 +210,10 @@ impl RedisStore {
     }
 
     async fn start(url: String, target: Target, options: RedisOptions) -> Result<Self, Error> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::Connect {
+            url: url.clone(),
+            reason: "the Redis backend must run within a tokio runtime".to_string(),
+        })?;
         let store = Self {
             inner: Arc::new(Inner {
                 url: url.clone(),
@@ -218,7 +222,7 @@ impl RedisStore {
                 options,
                 conn: RwLock::new(None),
                 connecting: tokio::sync::Mutex::new(()),
-                runtime: tokio::runtime::Handle::current(),
+                runtime,
             }),
         };
         let connect_timeout = store.inner.options.connect_timeout;
@@ -252,6 +256,11 @@ impl RedisStore {
     /// Whether Redis is considered unavailable now (checks answer by the failure policy).
     pub fn is_degraded(&self) -> bool {
         self.inner.health.degraded.load(Ordering::Acquire)
+    }
+
+    /// The runtime the store was made on, where background tasks run.
+    pub(crate) fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.inner.runtime
     }
 
     /// Time until Redis is asked again, while degraded.
