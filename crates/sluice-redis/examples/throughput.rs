@@ -19,7 +19,7 @@ use sluice_redis::{HybridLimiter, RedisLimiter, RedisOptions, RedisStore};
 
 const CALLERS: [usize; 3] = [1, 16, 64];
 const RUN: Duration = Duration::from_millis(1500);
-const REPEATS: usize = 3;
+const REPEATS: usize = 5;
 
 type Error = Box<dyn std::error::Error>;
 
@@ -201,11 +201,16 @@ async fn main() -> Result<(), Error> {
         .build(hybrid_store)?;
     let hybrid = HybridLimiter::new(hybrid_strict, Duration::from_millis(100));
 
-    println!("callers  ceiling(redis-benchmark EVALSHA)  strict  strict/ceiling  hybrid  hybrid/strict");
+    println!("decisions per second (medians; ratios are medians of the per-repeat ratios)");
+    println!("callers  ceiling(redis-benchmark EVALSHA)  strict  strict/ceiling   hybrid  hybrid/strict");
     for callers in CALLERS {
         let mut ceilings = Vec::new();
         let mut stricts = Vec::new();
         let mut hybrids = Vec::new();
+        // Ratios within each repeat (ceiling and strict run back to back): the machine's load
+        // drifts between repeats.
+        let mut strict_ratios = Vec::new();
+        let mut hybrid_ratios = Vec::new();
         for _ in 0..REPEATS {
             ceilings.push(ceiling(server.1, callers)?);
             let before = strict.metrics();
@@ -229,12 +234,15 @@ async fn main() -> Result<(), Error> {
             })
             .await;
             hybrids.push(decisions / seconds);
+            let (c, s, h) = (ceilings[ceilings.len() - 1], stricts[stricts.len() - 1], decisions / seconds);
+            strict_ratios.push(s / c);
+            hybrid_ratios.push(h / s);
         }
         let (c, s, h) = (median(ceilings), median(stricts), median(hybrids));
         println!(
-            "{callers:>7}  {c:>32.0}  {s:>6.0}  {:>13.0}%  {h:>6.0}  {:>12.1}x",
-            100.0 * s / c,
-            h / s
+            "{callers:>7}  {c:>32.0}  {s:>6.0}  {:>13.0}%  {h:>7.0}  {:>12.1}x",
+            100.0 * median(strict_ratios),
+            median(hybrid_ratios)
         );
     }
     let m = strict.metrics();
