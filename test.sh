@@ -2,6 +2,7 @@
 # The whole test suite: unit, property, stress and doc tests.
 set -euo pipefail
 cd "$(dirname "$0")"
+scripts/ensure-redis.sh
 if command -v cargo-nextest >/dev/null 2>&1; then
   cargo nextest run --workspace --release --no-fail-fast
 else

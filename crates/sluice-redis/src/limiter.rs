@@ -1,0 +1,522 @@
+//! The strict Redis limiter: every check is one atomic script on Redis, with per-key quotas
+//! from a core quota source and a failure policy when Redis does not answer.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use sluice::{
+    AsyncLimiter, CheckError, Clock, Decision, FixedWindow, KeyedLimiter, MonotonicClock, Quota, QuotaSource,
+    StaticQuotas,
+};
+
+use crate::algorithm::kind_of;
+use crate::script::{Kind, Plan};
+use crate::source::{Share, Shared, share};
+use crate::store::CallError;
+use crate::{Error, RedisAlgorithm, RedisOptions, RedisStore, StoreMetrics};
+
+/// What a check answers when Redis does not (error, timeout, or while degraded).
+///
+/// # Example
+/// ```
+/// assert_eq!(sluice_redis::FailurePolicy::default(), sluice_redis::FailurePolicy::LocalShare);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum FailurePolicy {
+    /// Admit everything: availability over the limit.
+    FailOpen,
+    /// Deny everything: the limit over availability.
+    FailClosed,
+    /// Each host enforces its share of every limit (`quota / hosts`) in memory, with the core
+    /// limiter of the same algorithm.
+    #[default]
+    LocalShare,
+}
+
+/// Counters of one limiter (plus its store's), readable at any time.
+///
+/// # Example
+/// ```
+/// let m = sluice_redis::RedisMetrics::default();
+/// assert_eq!(m.answered_by_policy(), 0);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RedisMetrics {
+    /// The connection's counters and degraded flag.
+    pub store: StoreMetrics,
+    /// Checks decided by Redis.
+    pub redis_checks: u64,
+    /// Checks admitted by [`FailurePolicy::FailOpen`].
+    pub failed_open: u64,
+    /// Checks denied by [`FailurePolicy::FailClosed`].
+    pub failed_closed: u64,
+    /// Checks decided by the local share ([`FailurePolicy::LocalShare`]).
+    pub local_share: u64,
+}
+
+impl RedisMetrics {
+    /// Checks answered by the failure policy instead of Redis.
+    pub const fn answered_by_policy(&self) -> u64 {
+        self.failed_open + self.failed_closed + self.local_share
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    redis_checks: AtomicU64,
+    failed_open: AtomicU64,
+    failed_closed: AtomicU64,
+    local_share: AtomicU64,
+}
+
+/// Builds a [`RedisLimiter`]: algorithm, quotas, failure policy, hosts.
+///
+/// # Example
+/// ```no_run
+/// use sluice::{StaticQuotas, TokenBucket};
+/// use sluice_redis::{FailurePolicy, RedisLimiter, RedisOptions};
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let quotas = StaticQuotas::from_iter([("alice".to_string(), "100/s".parse()?)]);
+/// let limiter = RedisLimiter::builder(TokenBucket, "10/s".parse()?)
+///     .source(quotas)
+///     .unknown_key_quota("1/s".parse()?)
+///     .policy(FailurePolicy::LocalShare)
+///     .hosts(3)
+///     .connect("redis://127.0.0.1:6379", RedisOptions::default())
+///     .await?;
+/// let decision = limiter.check_n("alice", 1).await?;
+/// # Ok(()) }
+/// ```
+pub struct RedisLimiterBuilder<A, S> {
+    algorithm: A,
+    failsafe: Quota,
+    unknown: Quota,
+    source: S,
+    prefix: String,
+    policy: FailurePolicy,
+    hosts: u64,
+    keys: usize,
+    refresh: Duration,
+    clock: LocalClock,
+}
+
+/// The host clock of the local share (only the fallback reads the host's clock).
+type LocalClock = Arc<dyn Clock>;
+
+impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiterBuilder<A, S> {
+    /// Where quotas come from (default: none, so every key gets the unknown-key quota).
+    pub fn source<S2: QuotaSource<String>>(self, source: S2) -> RedisLimiterBuilder<A, S2> {
+        RedisLimiterBuilder {
+            algorithm: self.algorithm,
+            failsafe: self.failsafe,
+            unknown: self.unknown,
+            source,
+            prefix: self.prefix,
+            policy: self.policy,
+            hosts: self.hosts,
+            keys: self.keys,
+            refresh: self.refresh,
+            clock: self.clock,
+        }
+    }
+
+    /// The host clock the local share counts with (default [`sluice::MonotonicClock`]).
+    /// Checks on Redis never read it: they use Redis' clock, so hosts whose clocks disagree
+    /// still share one limit.
+    pub fn local_clock(mut self, clock: impl Clock + 'static) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// The quota of keys the source does not know (default [`Quota::deny_all`], as in the core).
+    pub fn unknown_key_quota(mut self, quota: Quota) -> Self {
+        self.unknown = quota;
+        self
+    }
+
+    /// The prefix of every Redis key (default `sluice`); limiters that share a prefix and a
+    /// key share the limit.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// What checks answer when Redis does not (default [`FailurePolicy::LocalShare`]).
+    pub fn policy(mut self, policy: FailurePolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// How many hosts share the limits (default 1): the local share is `quota / hosts`.
+    pub fn hosts(mut self, hosts: u64) -> Self {
+        self.hosts = hosts.max(1);
+        self
+    }
+
+    /// How many keys' quotas are held in memory (default 100 000), as in the core keyed limiter.
+    pub fn key_capacity(mut self, keys: usize) -> Self {
+        self.keys = keys;
+        self
+    }
+
+    /// How often a held key's quota is fetched again (default 60 s).
+    pub fn refresh_every(mut self, period: Duration) -> Self {
+        self.refresh = period;
+        self
+    }
+
+    /// Connects to `url` and builds the limiter.
+    ///
+    /// # Errors
+    /// As [`RedisStore::connect`], and [`Error::QuotaTooLarge`] for a failsafe or unknown-key
+    /// quota the backend cannot hold.
+    pub async fn connect(self, url: &str, options: RedisOptions) -> Result<RedisLimiter<A, S>, Error> {
+        let store = RedisStore::connect(url, options).await?;
+        self.build(store)
+    }
+
+    /// Builds the limiter on an existing connection (several limiters may share one).
+    ///
+    /// # Errors
+    /// [`Error::QuotaTooLarge`] for a failsafe or unknown-key quota the backend cannot hold.
+    pub fn build(self, store: RedisStore) -> Result<RedisLimiter<A, S>, Error> {
+        let kind = kind_of(&self.algorithm);
+        for quota in [self.failsafe, self.unknown] {
+            if !quota.is_deny_all() {
+                Plan::new(kind, &quota)?;
+            }
+        }
+        let source = Arc::new(self.source);
+        let spawner = tokio::runtime::Handle::try_current().ok();
+        let spawn = move |task| {
+            if let Some(handle) = &spawner {
+                handle.spawn(task);
+            }
+        };
+        let book = KeyedLimiter::builder(FixedWindow, self.failsafe)
+            .source(Shared(Arc::clone(&source)))
+            .unknown_key_quota(self.unknown)
+            .capacity(self.keys)
+            .refresh_every(self.refresh)
+            .spawner(spawn.clone())
+            .build()?;
+        let fallback = match self.policy {
+            FailurePolicy::LocalShare => {
+                let failsafe = share(self.failsafe, self.hosts)?;
+                let unknown = share(self.unknown, self.hosts)?;
+                let limiter = KeyedLimiter::builder(self.algorithm.clone(), failsafe)
+                    .source(Share {
+                        source,
+                        hosts: self.hosts,
+                    })
+                    .unknown_key_quota(unknown)
+                    .capacity(self.keys)
+                    .refresh_every(self.refresh)
+                    .spawner(spawn)
+                    .clock(self.clock)
+                    .build()?;
+                Some(limiter)
+            }
+            _ => None,
+        };
+        Ok(RedisLimiter {
+            inner: Arc::new(Inner {
+                store,
+                kind,
+                prefix: self.prefix,
+                failsafe: self.failsafe,
+                policy: self.policy,
+                hosts: self.hosts,
+                book,
+                fallback,
+                counters: Counters::default(),
+            }),
+        })
+    }
+}
+
+/// Many limits by key, shared by every process that uses the same Redis (or Redis Cluster)
+/// and key prefix. Each check is one atomic Lua script on Redis' own clock; quotas come from
+/// a core [`QuotaSource`] exactly as in [`sluice::KeyedLimiter`] (failsafe quota while a fetch
+/// runs, unknown-key quota); when Redis does not answer within the timeout the
+/// [`FailurePolicy`] decides, and Redis is probed with backoff until it answers again.
+///
+/// Cheap to clone (all clones share the same state).
+///
+/// # Example
+/// ```no_run
+/// use sluice::TokenBucket;
+/// use sluice_redis::{RedisLimiter, RedisOptions};
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let limiter = RedisLimiter::builder(TokenBucket, "100/s".parse()?)
+///     .unknown_key_quota("100/s".parse()?)
+///     .connect("redis://127.0.0.1:6379", RedisOptions::default())
+///     .await?;
+/// if limiter.check_n("client-42", 1).await?.is_allowed() {
+///     // serve
+/// }
+/// # Ok(()) }
+/// ```
+pub struct RedisLimiter<A: RedisAlgorithm, S = StaticQuotas<String>> {
+    inner: Arc<Inner<A, S>>,
+}
+
+impl<A: RedisAlgorithm, S> Clone for RedisLimiter<A, S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<A: RedisAlgorithm, S> std::fmt::Debug for RedisLimiter<A, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisLimiter")
+            .field("kind", &self.inner.kind)
+            .field("prefix", &self.inner.prefix)
+            .field("policy", &self.inner.policy)
+            .field("store", &self.inner.store)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner<A: RedisAlgorithm, S> {
+    store: RedisStore,
+    kind: Kind,
+    prefix: String,
+    failsafe: Quota,
+    policy: FailurePolicy,
+    hosts: u64,
+    /// The quota of each key, from the source, with the core's failsafe and unknown-key
+    /// rules; its own counting is unused (checks only peek).
+    book: KeyedLimiter<String, FixedWindow, Shared<S>>,
+    fallback: Option<KeyedLimiter<String, A, Share<S>, LocalClock>>,
+    counters: Counters,
+}
+
+impl<A: RedisAlgorithm> RedisLimiter<A> {
+    /// A builder for `algorithm`, with `failsafe` as the quota of a key whose own quota is
+    /// still being fetched.
+    pub fn builder(algorithm: A, failsafe: Quota) -> RedisLimiterBuilder<A, StaticQuotas<String>> {
+        RedisLimiterBuilder {
+            algorithm,
+            failsafe,
+            unknown: Quota::deny_all(),
+            source: StaticQuotas::from_iter(std::iter::empty()),
+            prefix: "sluice".to_string(),
+            policy: FailurePolicy::default(),
+            hosts: 1,
+            keys: 100_000,
+            refresh: Duration::from_secs(60),
+            clock: Arc::new(MonotonicClock),
+        }
+    }
+}
+
+/// A check that could not be decided, or the quota it ran under.
+pub(crate) enum Prepared {
+    Done(Result<Decision, Error>),
+    Plan(Quota, Plan),
+}
+
+impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiter<A, S> {
+    /// Checks `cost` units for `key`, all or nothing (0 peeks), as
+    /// [`sluice::KeyedLimiter::check_n`] does, on the state shared through Redis.
+    ///
+    /// # Errors
+    /// [`Error::Check`] if the key's quota can never admit `cost`; [`Error::QuotaTooLarge`] if
+    /// the key's quota cannot be held exactly by the backend. An unreachable Redis is not an
+    /// error: the failure policy answers.
+    pub async fn check_n(&self, key: &str, cost: u64) -> Result<Decision, Error> {
+        self.check_with(key, cost, -1).await
+    }
+
+    /// As [`RedisLimiter::check_n`], at a given Redis time in microseconds instead of Redis'
+    /// clock: for tests that replay a sequence of instants.
+    #[doc(hidden)]
+    pub async fn check_n_at_micros(&self, key: &str, cost: u64, now_micros: u64) -> Result<Decision, Error> {
+        self.check_with(key, cost, i64::try_from(now_micros).unwrap_or(i64::MAX))
+            .await
+    }
+
+    async fn check_with(&self, key: &str, cost: u64, now: i64) -> Result<Decision, Error> {
+        let (quota, plan) = match self.prepare(key, cost) {
+            Prepared::Done(result) => return result,
+            Prepared::Plan(quota, plan) => (quota, plan),
+        };
+        match self.run(key, &plan, cost, false, now).await {
+            Ok(decision) => Ok(decision),
+            Err(error) => self.by_policy(key, &quota, cost, &error),
+        }
+    }
+
+    /// The key's quota and plan, or the answer when Redis is not needed.
+    pub(crate) fn prepare(&self, key: &str, cost: u64) -> Prepared {
+        let quota = self.quota_of(key);
+        let capacity = quota.capacity();
+        if cost > capacity {
+            return Prepared::Done(if quota.is_deny_all() {
+                Ok(Decision::denied(0, 0, 0, u64::MAX))
+            } else {
+                Err(CheckError::CostExceedsCapacity { cost, capacity }.into())
+            });
+        }
+        if quota.is_deny_all() {
+            return Prepared::Done(Ok(Decision::allowed(0, 0, 0)));
+        }
+        match Plan::new(self.inner.kind, &quota) {
+            Ok(plan) => Prepared::Plan(quota, plan),
+            Err(e) => Prepared::Done(Err(e)),
+        }
+    }
+
+    /// The quota `key` is governed by now (fetching it from the source if new).
+    pub fn quota_of(&self, key: &str) -> Quota {
+        let book = &self.inner.book;
+        // A peek inserts the key (starting its fetch) and never fails: cost 0 fits any quota.
+        let _ = book.check_n(key, 0);
+        book.quota_of(key).unwrap_or(self.inner.failsafe)
+    }
+
+    /// The script arguments of a quota (not [`Quota::deny_all`]) under this limiter's algorithm.
+    pub(crate) fn plan(&self, quota: &Quota) -> Result<Plan, Error> {
+        Plan::new(self.inner.kind, quota)
+    }
+
+    /// Runs the key's script: `force` consumes even beyond the limit (hybrid sync).
+    pub(crate) async fn run(
+        &self,
+        key: &str,
+        plan: &Plan,
+        cost: u64,
+        force: bool,
+        now: i64,
+    ) -> Result<Decision, CallError> {
+        let keys = plan.kind.keys(&format!("{{{}:{key}}}", self.inner.prefix));
+        let [a, b, c] = plan.args().map(|v| i64::try_from(v).unwrap_or(i64::MAX));
+        let cost = i64::try_from(cost).unwrap_or(i64::MAX);
+        let args = [cost, i64::from(force), now, a, b, c];
+        let reply = self.inner.store.eval(plan.kind.script(), &keys, &args).await?;
+        self.inner.counters.redis_checks.fetch_add(1, Ordering::Relaxed);
+        plan.decision(&reply).ok_or(CallError::BadReply(reply))
+    }
+
+    /// The decision of the failure policy for a check Redis did not answer.
+    pub(crate) fn by_policy(
+        &self,
+        key: &str,
+        quota: &Quota,
+        cost: u64,
+        error: &CallError,
+    ) -> Result<Decision, Error> {
+        tracing::trace!(key, %error, policy = ?self.inner.policy, "check answered by the failure policy");
+        let capacity = quota.capacity();
+        let counters = &self.inner.counters;
+        match (self.inner.policy, &self.inner.fallback) {
+            (FailurePolicy::FailOpen, _) => {
+                counters.failed_open.fetch_add(1, Ordering::Relaxed);
+                Ok(Decision::allowed(capacity, capacity - cost, 0))
+            }
+            (FailurePolicy::LocalShare, Some(local)) => {
+                counters.local_share.fetch_add(1, Ordering::Relaxed);
+                match local.check_n(key, cost) {
+                    Ok(decision) => Ok(decision),
+                    // More than this host's share can ever admit: wait for Redis.
+                    Err(CheckError::CostExceedsCapacity { capacity, .. }) => Ok(Decision::denied(
+                        capacity,
+                        0,
+                        0,
+                        duration_nanos(self.inner.store.until_probe()),
+                    )),
+                }
+            }
+            _ => {
+                counters.failed_closed.fetch_add(1, Ordering::Relaxed);
+                Ok(Decision::denied(
+                    capacity,
+                    0,
+                    0,
+                    duration_nanos(self.inner.store.until_probe()),
+                ))
+            }
+        }
+    }
+
+    /// A handle on one key's limit, usable wherever a [`sluice::AsyncLimiter`] is expected.
+    ///
+    /// # Example
+    /// ```no_run
+    /// use sluice::AsyncLimiter;
+    /// # async fn demo(limiter: sluice_redis::RedisLimiter<sluice::TokenBucket>) {
+    /// let global = limiter.limit("global");
+    /// let decision = global.check_n(1).await;
+    /// # }
+    /// ```
+    pub fn limit(&self, key: impl Into<String>) -> RedisLimit<A, S> {
+        RedisLimit {
+            limiter: self.clone(),
+            key: key.into(),
+        }
+    }
+
+    /// Counters: checks by Redis, by each policy, and the connection's own.
+    pub fn metrics(&self) -> RedisMetrics {
+        let c = &self.inner.counters;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        RedisMetrics {
+            store: self.inner.store.metrics(),
+            redis_checks: load(&c.redis_checks),
+            failed_open: load(&c.failed_open),
+            failed_closed: load(&c.failed_closed),
+            local_share: load(&c.local_share),
+        }
+    }
+
+    /// The connection this limiter uses.
+    pub fn store(&self) -> &RedisStore {
+        &self.inner.store
+    }
+
+    /// How many hosts share the limits.
+    pub fn hosts(&self) -> u64 {
+        self.inner.hosts
+    }
+}
+
+pub(crate) fn duration_nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// One key of a [`RedisLimiter`], as a [`sluice::AsyncLimiter`].
+///
+/// # Example
+/// ```no_run
+/// # async fn demo(limiter: sluice_redis::RedisLimiter<sluice::FixedWindow>) -> Result<(), sluice_redis::Error> {
+/// let uploads = limiter.limit("uploads");
+/// assert!(uploads.check_n(0).await?.remaining() <= 10);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct RedisLimit<A: RedisAlgorithm, S = StaticQuotas<String>> {
+    limiter: RedisLimiter<A, S>,
+    key: String,
+}
+
+impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimit<A, S> {
+    /// Checks `cost` units of this key ([`RedisLimiter::check_n`]).
+    ///
+    /// # Errors
+    /// As [`RedisLimiter::check_n`].
+    pub async fn check_n(&self, cost: u64) -> Result<Decision, Error> {
+        self.limiter.check_n(&self.key, cost).await
+    }
+}
+
+impl<A: RedisAlgorithm, S: QuotaSource<String>> AsyncLimiter for RedisLimit<A, S> {
+    type Error = Error;
+
+    fn check_n(&self, cost: u64) -> impl Future<Output = Result<Decision, Error>> + Send {
+        self.limiter.check_n(&self.key, cost)
+    }
+}

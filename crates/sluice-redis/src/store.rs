@@ -1,0 +1,480 @@
+//! The connection to Redis (one server or a cluster), the timeout of each call, and the
+//! health state that decides when to stop asking and when to probe again.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisFuture, Script, ToRedisArgs, Value};
+use sluice::{Clock, MonotonicClock};
+
+use crate::Error;
+
+/// Settings of a connection to Redis.
+///
+/// # Example
+/// ```
+/// use std::time::Duration;
+/// let options = sluice_redis::RedisOptions { timeout: Duration::from_millis(20), ..Default::default() };
+/// assert_eq!(options.probe_backoff_max, Duration::from_secs(1));
+/// ```
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    /// The longest a check waits for Redis before the failure policy answers (default 50 ms).
+    pub timeout: Duration,
+    /// The longest the first connection may take at start-up (default 2 s).
+    pub connect_timeout: Duration,
+    /// While Redis is failing, the first wait before asking it again (default 50 ms); doubled
+    /// after each failed probe up to `probe_backoff_max`.
+    pub probe_backoff: Duration,
+    /// The longest wait between two probes (default 1 s).
+    pub probe_backoff_max: Duration,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_millis(50),
+            connect_timeout: Duration::from_secs(2),
+            probe_backoff: Duration::from_millis(50),
+            probe_backoff_max: Duration::from_secs(1),
+        }
+    }
+}
+
+/// What a [`RedisStore`] has seen, for dashboards and alerts.
+///
+/// # Example
+/// ```
+/// let m = sluice_redis::StoreMetrics::default();
+/// assert!(!m.degraded);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreMetrics {
+    /// Whether Redis is considered unavailable right now.
+    pub degraded: bool,
+    /// Calls that Redis answered.
+    pub calls: u64,
+    /// Calls that failed (error or timeout).
+    pub failures: u64,
+    /// Of the failures, those that hit the timeout.
+    pub timeouts: u64,
+    /// Times Redis was declared unavailable.
+    pub outages: u64,
+    /// Times it answered again after an outage.
+    pub recoveries: u64,
+    /// Calls not sent because Redis was unavailable and no probe was due.
+    pub skipped: u64,
+}
+
+#[derive(Clone)]
+enum Conn {
+    Single(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+enum Target {
+    Single(Client),
+    Cluster(ClusterClient),
+}
+
+/// Why a call did not get an answer. Never shown to users of a limiter: it selects the
+/// failure policy, and is logged.
+#[derive(Debug)]
+pub(crate) enum CallError {
+    /// Not sent: Redis is unavailable and no probe is due.
+    Skipped,
+    Timeout,
+    Redis(redis::RedisError),
+    /// An answer the script never gives (a different script under the same name?).
+    BadReply(Vec<i64>),
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::Skipped => f.write_str("not sent: Redis is unavailable and no probe is due"),
+            CallError::Timeout => f.write_str("no answer within the timeout"),
+            CallError::Redis(e) => write!(f, "{e}"),
+            CallError::BadReply(reply) => write!(f, "unexpected script reply {reply:?}"),
+        }
+    }
+}
+
+/// A connection to Redis or Redis Cluster shared by limiters: one multiplexed connection
+/// (per node) on which concurrent checks are pipelined, a timeout per call, and the health
+/// state (see [`RedisOptions`]). Cheap to clone.
+///
+/// # Example
+/// ```no_run
+/// # async fn demo() -> Result<(), sluice_redis::Error> {
+/// let store = sluice_redis::RedisStore::connect("redis://127.0.0.1:6379", Default::default()).await?;
+/// assert!(!store.metrics().degraded);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("url", &self.inner.url)
+            .field("metrics", &self.metrics())
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    url: String,
+    target: Target,
+    options: RedisOptions,
+    /// The live connection; `None` after a failure, until a probe reconnects.
+    conn: RwLock<Option<Conn>>,
+    connecting: tokio::sync::Mutex<()>,
+    health: Health,
+    runtime: tokio::runtime::Handle,
+}
+
+impl RedisStore {
+    /// Connects to one Redis server (`redis://host:port[/db]`, `rediss://` is not built in)
+    /// and checks that it answers.
+    ///
+    /// # Errors
+    /// [`Error::BadUrl`] for a malformed URL, [`Error::Connect`] if Redis does not answer within
+    /// `options.connect_timeout`.
+    pub async fn connect(url: &str, options: RedisOptions) -> Result<Self, Error> {
+        let client = Client::open(url).map_err(|source| Error::BadUrl {
+            url: url.to_string(),
+            source,
+        })?;
+        Self::start(url.to_string(), Target::Single(client), options).await
+    }
+
+    /// Connects to a Redis Cluster through any of its nodes' URLs.
+    ///
+    /// # Errors
+    /// As [`RedisStore::connect`].
+    ///
+    /// # Example
+    /// ```no_run
+    /// # async fn demo() -> Result<(), sluice_redis::Error> {
+    /// let nodes = ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"];
+    /// let store = sluice_redis::RedisStore::connect_cluster(&nodes, Default::default()).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_cluster(urls: &[&str], options: RedisOptions) -> Result<Self, Error> {
+        let joined = urls.join(",");
+        let client = ClusterClient::builder(urls.iter().copied())
+            .connection_timeout(options.connect_timeout)
+            .response_timeout(options.timeout)
+            .retries(1)
+            .build()
+            .map_err(|source| Error::BadUrl {
+                url: joined.clone(),
+                source,
+            })?;
+        Self::start(joined, Target::Cluster(client), options).await
+    }
+
+    async fn start(url: String, target: Target, options: RedisOptions) -> Result<Self, Error> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::Connect {
+            url: url.clone(),
+            reason: "the Redis backend must run within a tokio runtime".to_string(),
+        })?;
+        let store = Self {
+            inner: Arc::new(Inner {
+                url: url.clone(),
+                target,
+                health: Health::new(&options),
+                options,
+                conn: RwLock::new(None),
+                connecting: tokio::sync::Mutex::new(()),
+                runtime,
+            }),
+        };
+        let connect_timeout = store.inner.options.connect_timeout;
+        let ping = async {
+            let mut conn = store.connection().await?;
+            redis::cmd("PING").query_async::<()>(&mut conn).await
+        };
+        match tokio::time::timeout(connect_timeout, ping).await {
+            Ok(Ok(())) => Ok(store),
+            Ok(Err(e)) => Err(Error::Connect {
+                url,
+                reason: e.to_string(),
+            }),
+            Err(_) => Err(Error::Connect {
+                url,
+                reason: format!("no answer within {connect_timeout:?}"),
+            }),
+        }
+    }
+
+    /// The settings in force.
+    pub fn options(&self) -> &RedisOptions {
+        &self.inner.options
+    }
+
+    /// Counters and the degraded flag.
+    pub fn metrics(&self) -> StoreMetrics {
+        self.inner.health.metrics()
+    }
+
+    /// Whether Redis is considered unavailable now (checks answer by the failure policy).
+    pub fn is_degraded(&self) -> bool {
+        self.inner.health.degraded.load(Ordering::Acquire)
+    }
+
+    /// The runtime the store was made on, where background tasks run.
+    pub(crate) fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.inner.runtime
+    }
+
+    /// Time until Redis is asked again, while degraded.
+    pub(crate) fn until_probe(&self) -> Duration {
+        self.inner.health.until_probe()
+    }
+
+    async fn connection(&self) -> redis::RedisResult<Conn> {
+        if let Some(conn) = read(&self.inner.conn).clone() {
+            return Ok(conn);
+        }
+        let _one_at_a_time = self.inner.connecting.lock().await;
+        if let Some(conn) = read(&self.inner.conn).clone() {
+            return Ok(conn);
+        }
+        // The connection's driver task lives on the runtime the store was made on, not on
+        // whichever runtime the caller that reconnects happens to run (it may be short-lived).
+        let connect = match &self.inner.target {
+            Target::Single(client) => {
+                let client = client.clone();
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(self.inner.options.connect_timeout))
+                    .set_response_timeout(None);
+                self.inner.runtime.spawn(async move {
+                    let conn = client.get_multiplexed_async_connection_with_config(&config).await;
+                    conn.map(Conn::Single)
+                })
+            }
+            Target::Cluster(client) => {
+                let client = client.clone();
+                self.inner
+                    .runtime
+                    .spawn(async move { client.get_async_connection().await.map(Conn::Cluster) })
+            }
+        };
+        let conn = connect.await.map_err(|e| {
+            redis::RedisError::from(std::io::Error::other(format!("connecting task failed: {e}")))
+        })??;
+        *self.inner.conn.write().unwrap_or_else(PoisonError::into_inner) = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// Runs a script (EVALSHA, loading it on NOSCRIPT) within the timeout, unless Redis is
+    /// degraded and no probe is due.
+    pub(crate) async fn eval<T: ToRedisArgs + Sync>(
+        &self,
+        script: &Script,
+        keys: &[String],
+        args: &[T],
+    ) -> Result<Vec<i64>, CallError> {
+        let health = &self.inner.health;
+        let Some(attempt) = health.attempt() else {
+            health.skipped.fetch_add(1, Ordering::Relaxed);
+            return Err(CallError::Skipped);
+        };
+        let call = async {
+            let mut conn = self.connection().await?;
+            let mut invocation = script.prepare_invoke();
+            for key in keys {
+                invocation.key(key);
+            }
+            for arg in args {
+                invocation.arg(arg);
+            }
+            invocation.invoke_async::<Vec<i64>>(&mut conn).await
+        };
+        let result = match tokio::time::timeout(self.inner.options.timeout, call).await {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(e)) => Err(CallError::Redis(e)),
+            Err(_) => Err(CallError::Timeout),
+        };
+        match &result {
+            Ok(_) => health.succeeded(&self.inner.url, attempt),
+            Err(e) => {
+                // A broken or stalled connection is replaced at the next attempt.
+                *self.inner.conn.write().unwrap_or_else(PoisonError::into_inner) = None;
+                health.failed(&self.inner.url, e, attempt);
+            }
+        }
+        result
+    }
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Healthy, or degraded with a time for the next probe; probes back off exponentially.
+struct Health {
+    degraded: AtomicBool,
+    /// Monotonic ns at which the next probe may go out.
+    next_probe: AtomicU64,
+    backoff: AtomicU64,
+    min_backoff: u64,
+    max_backoff: u64,
+    timeout: u64,
+    calls: AtomicU64,
+    failures: AtomicU64,
+    timeouts: AtomicU64,
+    outages: AtomicU64,
+    recoveries: AtomicU64,
+    skipped: AtomicU64,
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// What kind of call may go out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Attempt {
+    Normal,
+    Probe,
+}
+
+impl Health {
+    fn new(options: &RedisOptions) -> Self {
+        let min_backoff = nanos(options.probe_backoff).max(1);
+        Self {
+            degraded: AtomicBool::new(false),
+            next_probe: AtomicU64::new(0),
+            backoff: AtomicU64::new(min_backoff),
+            min_backoff,
+            max_backoff: nanos(options.probe_backoff_max).max(min_backoff),
+            timeout: nanos(options.timeout),
+            calls: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            timeouts: AtomicU64::new(0),
+            outages: AtomicU64::new(0),
+            recoveries: AtomicU64::new(0),
+            skipped: AtomicU64::new(0),
+        }
+    }
+
+    /// Healthy: a normal call. Degraded: a probe for the one caller that claims a due one.
+    fn attempt(&self) -> Option<Attempt> {
+        if !self.degraded.load(Ordering::Acquire) {
+            return Some(Attempt::Normal);
+        }
+        let now = MonotonicClock.now();
+        let due = self.next_probe.load(Ordering::Acquire);
+        // The claim holds for one timeout plus a backoff, so a probe whose caller went away
+        // does not stop later probes.
+        let lease = now
+            .saturating_add(self.timeout)
+            .saturating_add(self.backoff.load(Ordering::Relaxed));
+        (now >= due
+            && self
+                .next_probe
+                .compare_exchange(due, lease, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok())
+        .then_some(Attempt::Probe)
+    }
+
+    fn until_probe(&self) -> Duration {
+        let due = self.next_probe.load(Ordering::Acquire);
+        Duration::from_nanos(due.saturating_sub(MonotonicClock.now()).max(1))
+    }
+
+    fn succeeded(&self, url: &str, attempt: Attempt) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        if attempt == Attempt::Probe {
+            self.backoff.store(self.min_backoff, Ordering::Relaxed);
+            if self.degraded.swap(false, Ordering::AcqRel) {
+                self.recoveries.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(redis = url, "Redis answers again; checks go to Redis");
+            }
+        }
+    }
+
+    fn failed(&self, url: &str, error: &CallError, attempt: Attempt) {
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        if matches!(error, CallError::Timeout) {
+            self.timeouts.fetch_add(1, Ordering::Relaxed);
+        }
+        let now = MonotonicClock.now();
+        match attempt {
+            Attempt::Probe => {
+                let backoff = self
+                    .backoff
+                    .load(Ordering::Relaxed)
+                    .saturating_mul(2)
+                    .min(self.max_backoff);
+                self.backoff.store(backoff, Ordering::Relaxed);
+                self.next_probe
+                    .store(now.saturating_add(backoff), Ordering::Release);
+                tracing::debug!(redis = url, %error, "probe failed; Redis still unavailable");
+            }
+            Attempt::Normal => {
+                if !self.degraded.swap(true, Ordering::AcqRel) {
+                    let backoff = self.backoff.load(Ordering::Relaxed);
+                    self.next_probe
+                        .store(now.saturating_add(backoff), Ordering::Release);
+                    self.outages.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        redis = url,
+                        %error,
+                        "Redis unavailable; checks answer by the failure policy until a probe succeeds"
+                    );
+                }
+            }
+        }
+    }
+
+    fn metrics(&self) -> StoreMetrics {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        StoreMetrics {
+            degraded: self.degraded.load(Ordering::Acquire),
+            calls: load(&self.calls),
+            failures: load(&self.failures),
+            timeouts: load(&self.timeouts),
+            outages: load(&self.outages),
+            recoveries: load(&self.recoveries),
+            skipped: load(&self.skipped),
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! Redis killed mid-run: each failure policy answers within the timeout, and checks return to
+//! Redis by themselves once it answers again.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use sluice::{Quota, TokenBucket};
+use sluice_redis::{FailurePolicy, RedisLimiter, RedisOptions};
+use support::RedisServer;
+
+fn options() -> RedisOptions {
+    RedisOptions {
+        timeout: Duration::from_millis(50),
+        probe_backoff: Duration::from_millis(20),
+        probe_backoff_max: Duration::from_millis(200),
+        ..RedisOptions::default()
+    }
+}
+
+/// Generous: a check must come back near its 50 ms timeout, never hang like a 10 s default.
+const NO_HANG: Duration = Duration::from_secs(3);
+
+async fn policy_under_outage(policy: FailurePolicy) {
+    let mut server = RedisServer::start();
+    let quota: Quota = "30/100day".parse().expect("quota");
+    let limiter = RedisLimiter::builder(TokenBucket, quota)
+        .unknown_key_quota(quota)
+        .policy(policy)
+        .hosts(3)
+        .connect(&server.url(), options())
+        .await
+        .expect("limiter");
+    for _ in 0..5 {
+        assert!(limiter.check_n("k", 1).await.expect("check").is_allowed());
+    }
+    assert_eq!(limiter.metrics().redis_checks, 5);
+
+    server.kill();
+    let mut admitted = 0;
+    for _ in 0..40 {
+        let started = Instant::now();
+        let decision = tokio::time::timeout(NO_HANG, limiter.check_n("k", 1))
+            .await
+            .expect("a check under outage returns within the timeout")
+            .expect("check");
+        assert!(started.elapsed() < NO_HANG);
+        admitted += u64::from(decision.is_allowed());
+    }
+    let metrics = limiter.metrics();
+    assert!(metrics.store.degraded, "{metrics:?}");
+    assert!(metrics.store.outages >= 1);
+    match policy {
+        FailurePolicy::FailOpen => assert_eq!((admitted, metrics.failed_open), (40, 40)),
+        FailurePolicy::FailClosed => assert_eq!((admitted, metrics.failed_closed), (0, 40)),
+        // This host's share: 30 / 3 hosts.
+        FailurePolicy::LocalShare => assert_eq!((admitted, metrics.local_share), (10, 40)),
+    }
+
+    server.restart();
+    support::wait_until_async("checks to return to Redis", Duration::from_secs(20), || async {
+        let before = limiter.metrics().redis_checks;
+        let _ = limiter.check_n("probe", 1).await;
+        limiter.metrics().redis_checks > before
+    })
+    .await;
+    let metrics = limiter.metrics();
+    assert!(!metrics.store.degraded);
+    assert!(metrics.store.recoveries >= 1);
+    // The restarted Redis is empty: the key starts afresh, decided by Redis again.
+    let before = metrics.redis_checks;
+    let decision = limiter.check_n("k", 1).await.expect("check");
+    assert_eq!((decision.is_allowed(), decision.remaining()), (true, 29));
+    assert_eq!(limiter.metrics().redis_checks, before + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_mid_run_fails_open() {
+    policy_under_outage(FailurePolicy::FailOpen).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_mid_run_fails_closed() {
+    policy_under_outage(FailurePolicy::FailClosed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_mid_run_falls_back_to_the_local_share() {
+    policy_under_outage(FailurePolicy::LocalShare).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_checks_during_an_outage_do_not_panic_or_hang() {
+    let mut server = RedisServer::start();
+    let quota: Quota = "1000/s".parse().expect("quota");
+    let limiter = RedisLimiter::builder(TokenBucket, quota)
+        .unknown_key_quota(quota)
+        .connect(&server.url(), options())
+        .await
+        .expect("limiter");
+    let mut tasks = tokio::task::JoinSet::new();
+    for caller in 0..32 {
+        let limiter = limiter.clone();
+        tasks.spawn(async move {
+            for i in 0..200 {
+                let key = format!("k{}", (caller + i) % 7);
+                let checked = tokio::time::timeout(NO_HANG, limiter.check_n(&key, 1)).await;
+                assert!(matches!(checked, Ok(Ok(_))), "{checked:?}");
+                tokio::task::yield_now().await;
+            }
+        });
+    }
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    server.kill();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.restart();
+    while let Some(done) = tasks.join_next().await {
+        done.expect("caller panicked");
+    }
+    let m = limiter.metrics();
+    assert!(m.redis_checks + m.answered_by_policy() == 32 * 200, "{m:?}");
+}
