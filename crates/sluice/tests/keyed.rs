@@ -259,3 +259,44 @@ fn a_first_fetch_slower_than_the_wait_falls_back_to_the_failsafe() {
     // No spawner: the fetch still running is reported, as without the wait.
     assert_eq!(limiter.metrics().fetch_errors, 1);
 }
+
+/// A hot key whose bucket is full again between its checks is idle, but it must not be
+/// evicted by a flood of one-shot keys: it would lose its fetched quota and start over on the
+/// failsafe quota (and be fetched again).
+#[test]
+fn an_idle_hot_key_keeps_its_place_and_its_quota_under_a_flood() {
+    let fetched: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
+    let seen = Arc::clone(&fetched);
+    let source = FnSource(move |key: &String| {
+        *seen.lock().unwrap().entry(key.clone()).or_default() += 1;
+        let quota = if key == "eve" { Some(quota("1000/s")) } else { None };
+        async move { Ok(quota) }
+    });
+    let clock = ManualClock::new(0);
+    let limiter = KeyedLimiter::builder(TokenBucket, quota("1/s"))
+        .capacity(1000)
+        .shards(1)
+        .clock(clock.clone())
+        .source(source)
+        .build()
+        .unwrap();
+    for round in 0..100_000u64 {
+        if round % 10 == 0 {
+            let decision = limiter.check("eve");
+            assert!(decision.is_allowed() && decision.limit() == 1000, "round {round}");
+            // 1 ms later, at 1000/s, eve's bucket is full again: her entry is idle.
+            clock.advance(Duration::from_millis(1));
+        }
+        assert!(!limiter.check(&format!("one-shot-{round}")).is_allowed());
+    }
+    assert_eq!(
+        fetched.lock().unwrap()["eve"],
+        1,
+        "eve was never evicted and fetched again"
+    );
+    let metrics = limiter.metrics();
+    assert!(
+        metrics.entries <= 1000 && metrics.evicted_idle > 90_000,
+        "{metrics:?}"
+    );
+}

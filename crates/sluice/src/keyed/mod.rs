@@ -8,10 +8,11 @@
 //! lock.
 //!
 //! Memory is bounded by a capacity in entries. When a shard is full, a newcomer makes room by
-//! evicting, from a small sample taken round the shard, an entry that carries no information
-//! (a full bucket, an expired window) or else the least frequently used, but only if the
-//! newcomer has been seen more often than that entry (TinyLFU admission, with a count-min
-//! sketch of recent keys). A flood of one-shot keys therefore cannot push out keys in use; a
+//! evicting, from a small sample taken round the shard, an idle entry (a full bucket, an
+//! expired window) not used since it was stored (a key in use also holds its fetched quota,
+//! so it is not dropped merely for being idle), or else the least
+//! frequently used, but only if the newcomer has been seen more often than that entry
+//! (TinyLFU admission, with a count-min sketch of recent keys). A flood of one-shot keys therefore cannot push out keys in use; a
 //! refused newcomer is decided on a fresh state and not stored.
 
 mod lock;

@@ -122,6 +122,9 @@ pub(crate) enum Room {
 /// How many entries an eviction looks at.
 const SAMPLE: usize = 8;
 
+/// The use count of an entry not used since it was stored (stores count as one use).
+const COLD: u64 = 1;
+
 pub(crate) struct Shard<K, A: Algorithm> {
     pub(crate) index: HashTable<u32>,
     pub(crate) entries: Vec<Entry<K, A>>,
@@ -165,29 +168,36 @@ impl<K, A: Algorithm> Shard<K, A> {
             return Room::Free;
         }
         let len = self.entries.len();
+        let sample = SAMPLE.min(len);
+        let start = self.hand;
+        self.hand = (start + sample) % len;
         let mut victim = None::<(usize, u64)>;
-        for step in 0..SAMPLE.min(len) {
-            let i = (self.hand + step) % len;
+        for step in 0..sample {
+            let i = (start + step) % len;
             let entry = &self.entries[i];
+            let frequency = entry.frequency();
+            // An idle entry's state says nothing, but a key in use still carries its fetched
+            // quota (evicted, it would start over on the failsafe quota): only an idle entry
+            // not used since it came (or aged down to that) goes at once; others compete on
+            // frequency below. (The sketch's estimate is no guide here: a flood of one-shot
+            // keys inflates it.)
             let since = entry.since_epoch(now).min(entry.limit.horizon);
-            if algorithm.is_idle(&entry.limit.params, &entry.state, since) {
-                self.hand = i;
+            if frequency <= COLD && algorithm.is_idle(&entry.limit.params, &entry.state, since) {
+                self.hand = (i + 1) % len;
                 self.unindex(i, &hash_of);
                 return Room::Reused(Eviction::Idle, i);
             }
-            let frequency = entry.frequency();
             if victim.is_none_or(|(_, f)| frequency < f) {
                 victim = Some((i, frequency));
             }
         }
-        self.hand = (self.hand + SAMPLE) % len;
         let Some((i, frequency)) = victim else {
             return Room::Refused;
         };
         if newcomer <= frequency {
             // Survivors of a sample age, so a once-hot key can leave in time.
-            for step in 0..SAMPLE.min(len) {
-                self.entries[(i + step) % len].age();
+            for step in 0..sample {
+                self.entries[(start + step) % len].age();
             }
             return Room::Refused;
         }
