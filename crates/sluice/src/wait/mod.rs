@@ -290,15 +290,27 @@ pub(crate) fn arrive<H: Host>(
     cost: u64,
     timeout: Option<Duration>,
 ) -> Result<Arrival<H::Grant>, WaitError> {
-    let policy = *host.policy();
-    let mut asked: Option<Option<u64>> = None;
-    if policy.order == QueueOrder::NewestFirst || host.no_waiters() {
+    let mut asked = None;
+    if host.policy().order == QueueOrder::NewestFirst || host.no_waiters() {
         match host.take(cost) {
             Take::Granted(grant) => return Ok(Arrival::Granted(grant)),
             Take::Never { capacity } => return Err(never(cost, capacity)),
             Take::Retry(retry) => asked = Some(retry),
         }
     }
+    join(host, cost, timeout, asked)
+}
+
+/// The rest of an arrival: a place in the queue (or an answer at once if the queue turns out
+/// empty). `asked` is the limit's answer if it was asked already.
+#[inline(never)]
+fn join<H: Host>(
+    host: &H,
+    cost: u64,
+    timeout: Option<Duration>,
+    mut asked: Option<Option<u64>>,
+) -> Result<Arrival<H::Grant>, WaitError> {
+    let policy = *host.policy();
     if let Some(capacity) = host.capacity().filter(|&capacity| cost > capacity) {
         return Err(never(cost, capacity));
     }
