@@ -18,6 +18,12 @@
 //! has waiters. A waiter that is dropped (cancelled) or times out leaves the queue and takes
 //! nothing with it: a waiter holds no capacity, only its place.
 //!
+//! Arrival order is the order in which requests find the queue: one that finds nobody waiting
+//! asks the limit directly (no lock), one that finds waiters joins behind them. A head whose
+//! retry-after lies beyond its deadline is answered at once ([`WaitError::TimedOut`] with the
+//! retry-after) rather than left to sleep in vain. A quota that denies everything answers
+//! [`WaitError::CostExceedsCapacity`] with a capacity of 0.
+//!
 //! The async methods need the `wait` feature (on by default; it pulls `tokio` with only its
 //! `time` feature) and must run inside a tokio runtime with time enabled. The blocking methods
 //! need no runtime.
