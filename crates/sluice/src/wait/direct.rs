@@ -145,6 +145,9 @@ impl<A: Algorithm, C: Clock> WaitingLimiter<A, C> {
     /// ```
     #[cfg(feature = "wait")]
     pub async fn acquire(&self, cost: u64) -> Result<Decision, WaitError> {
+        if let Some(decision) = self.at_once(cost) {
+            return Ok(decision);
+        }
         super::future::acquire(self, cost, self.policy.timeout).await
     }
 
@@ -168,6 +171,9 @@ impl<A: Algorithm, C: Clock> WaitingLimiter<A, C> {
     /// ```
     #[cfg(feature = "wait")]
     pub async fn acquire_within(&self, cost: u64, timeout: Duration) -> Result<Decision, WaitError> {
+        if let Some(decision) = self.at_once(cost) {
+            return Ok(decision);
+        }
         super::future::acquire(self, cost, Some(timeout)).await
     }
 
@@ -185,6 +191,9 @@ impl<A: Algorithm, C: Clock> WaitingLimiter<A, C> {
     /// ```
     #[inline]
     pub fn acquire_blocking(&self, cost: u64) -> Result<Decision, WaitError> {
+        if let Some(decision) = self.at_once(cost) {
+            return Ok(decision);
+        }
         acquire_blocking(self, cost, self.policy.timeout)
     }
 
@@ -203,7 +212,20 @@ impl<A: Algorithm, C: Clock> WaitingLimiter<A, C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn acquire_blocking_within(&self, cost: u64, timeout: Duration) -> Result<Decision, WaitError> {
+        if let Some(decision) = self.at_once(cost) {
+            return Ok(decision);
+        }
         acquire_blocking(self, cost, Some(timeout))
+    }
+
+    /// The common case, kept to one check: nobody waits and the limit admits. Anything else
+    /// goes the queue's way (which asks again: a denial consumed nothing).
+    #[inline]
+    fn at_once(&self, cost: u64) -> Option<Decision> {
+        if !self.no_waiters() {
+            return None;
+        }
+        self.limiter.check_n(cost).ok().filter(Decision::is_allowed)
     }
 }
 

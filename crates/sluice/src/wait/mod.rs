@@ -18,6 +18,12 @@
 //! has waiters. A waiter that is dropped (cancelled) or times out leaves the queue and takes
 //! nothing with it: a waiter holds no capacity, only its place.
 //!
+//! Arrival order is the order in which requests find the queue: one that finds nobody waiting
+//! asks the limit directly (no lock), one that finds waiters joins behind them. A head whose
+//! retry-after lies beyond its deadline is answered at once ([`WaitError::TimedOut`] with the
+//! retry-after) rather than left to sleep in vain. A quota that denies everything answers
+//! [`WaitError::CostExceedsCapacity`] with a capacity of 0.
+//!
 //! The async methods need the `wait` feature (on by default; it pulls `tokio` with only its
 //! `time` feature) and must run inside a tokio runtime with time enabled. The blocking methods
 //! need no runtime.
@@ -290,15 +296,27 @@ pub(crate) fn arrive<H: Host>(
     cost: u64,
     timeout: Option<Duration>,
 ) -> Result<Arrival<H::Grant>, WaitError> {
-    let policy = *host.policy();
-    let mut asked: Option<Option<u64>> = None;
-    if policy.order == QueueOrder::NewestFirst || host.no_waiters() {
+    let mut asked = None;
+    if host.policy().order == QueueOrder::NewestFirst || host.no_waiters() {
         match host.take(cost) {
             Take::Granted(grant) => return Ok(Arrival::Granted(grant)),
             Take::Never { capacity } => return Err(never(cost, capacity)),
             Take::Retry(retry) => asked = Some(retry),
         }
     }
+    join(host, cost, timeout, asked)
+}
+
+/// The rest of an arrival: a place in the queue (or an answer at once if the queue turns out
+/// empty). `asked` is the limit's answer if it was asked already.
+#[inline(never)]
+fn join<H: Host>(
+    host: &H,
+    cost: u64,
+    timeout: Option<Duration>,
+    mut asked: Option<Option<u64>>,
+) -> Result<Arrival<H::Grant>, WaitError> {
+    let policy = *host.policy();
     if let Some(capacity) = host.capacity().filter(|&capacity| cost > capacity) {
         return Err(never(cost, capacity));
     }
