@@ -118,7 +118,16 @@ impl fmt::Display for Verdict {
     }
 }
 
-/// One profile in one trial: a line of results.tsv.
+/// One profile in one trial: a line of results.tsv (see [`TSV_COLUMNS`]).
+///
+/// The allowed requests split into `cold_start_allowed + steady_allowed + tail_allowed`.
+///
+/// ```
+/// fn check(row: &sluice_loadtest::TrialRow) {
+///     assert_eq!(row.cold_start_allowed + row.steady_allowed + row.tail_allowed, row.allowed);
+///     assert_eq!(row.tsv_line().split('\t').count(), sluice_loadtest::TSV_COLUMNS.len());
+/// }
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrialRow {
     /// The profile's name (`account ID`).
@@ -163,6 +172,11 @@ pub struct TrialRow {
 
 /// The column names of results.tsv: seed 000's, then the expected rate, the error, and the
 /// cold-start split.
+///
+/// ```
+/// assert_eq!(sluice_loadtest::TSV_COLUMNS[0], "account ID");
+/// assert_eq!(sluice_loadtest::TSV_COLUMNS[16], "expected rate");
+/// ```
 pub const TSV_COLUMNS: [&str; 26] = [
     "account ID",
     "trial",
@@ -368,6 +382,12 @@ fn judge(
 }
 
 /// A profile over all its trials: a line of the summary.
+///
+/// ```
+/// fn failed(summary: &sluice_loadtest::ProfileSummary) -> bool {
+///     summary.verdict == sluice_loadtest::Verdict::Fail || summary.errors > 0
+/// }
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProfileSummary {
     /// The profile's name.
@@ -501,6 +521,19 @@ impl Report {
     }
 
     /// results.tsv: the header and one line per row.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let report = sluice_loadtest::Report {
+    ///     url: "http://127.0.0.1:8080/".into(),
+    ///     duration: Duration::from_secs(10),
+    ///     settle: Duration::from_secs(1),
+    ///     rows: vec![],
+    ///     profiles: vec![],
+    ///     files: vec![],
+    /// };
+    /// assert!(report.tsv().starts_with("account ID\ttrial\ttest duration (us)\t"));
+    /// ```
     pub fn tsv(&self) -> String {
         let mut out = TSV_COLUMNS.join("\t");
         out.push('\n');
