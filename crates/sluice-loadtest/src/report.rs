@@ -626,6 +626,55 @@ impl fmt::Display for Report {
 mod tests {
     use super::*;
 
+    fn counts(allowed: [u64; 11], denied: [u64; 11]) -> ProfileTrial {
+        let mut counts = ProfileTrial::new(Duration::from_millis(10));
+        assert_eq!(counts.bucket, Duration::from_millis(1));
+        counts.allowed_by_bucket = allowed.to_vec();
+        counts.denied_by_bucket = denied.to_vec();
+        counts.allowed = allowed.iter().sum();
+        counts.denied = denied.iter().sum();
+        counts.elapsed = Duration::from_millis(10);
+        counts
+    }
+
+    #[test]
+    fn the_steady_window_runs_between_denials_after_settling() {
+        let profile = Profile {
+            name: "p".into(),
+            account: crate::Account::None,
+            expected: Expected::Rate(1000.0),
+            connections: None,
+        };
+        // A burst before 2 ms, denials from 3 ms to 7 ms, one more allowed at 8 ms.
+        let c = counts(
+            [5, 5, 1, 0, 1, 0, 1, 0, 1, 0, 0],
+            [0, 3, 0, 2, 0, 2, 0, 2, 0, 0, 0],
+        );
+        let row = TrialRow::new(&profile, 1, &c, Duration::from_millis(2));
+        assert_eq!(row.steady_start, Duration::from_millis(4));
+        assert_eq!(row.steady_duration, Duration::from_millis(3));
+        assert_eq!(
+            (row.cold_start_allowed, row.steady_allowed, row.tail_allowed),
+            (11, 2, 1)
+        );
+        assert_eq!(row.verdict, Verdict::Pass); // 2 where 1000/s grants 3
+        // Nothing denied after settling: the window runs to the end, and is not a measurement.
+        let c = counts(
+            [5, 5, 1, 1, 1, 1, 1, 1, 1, 1, 0],
+            [0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        );
+        let row = TrialRow::new(&profile, 1, &c, Duration::from_millis(2));
+        assert_eq!(
+            (row.steady_start, row.steady_duration),
+            (Duration::from_millis(2), Duration::from_millis(8))
+        );
+        assert_eq!(
+            (row.cold_start_allowed, row.steady_allowed, row.tail_allowed),
+            (10, 8, 0)
+        );
+        assert_eq!(row.verdict, Verdict::NotSaturated);
+    }
+
     #[test]
     fn judges_within_one_percent_or_one_request() {
         // 1/s over 9 s: 8, 9, 10 pass; 11 fails; 5 without denials was never saturated.
