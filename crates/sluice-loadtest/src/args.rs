@@ -6,7 +6,25 @@ use std::time::Duration;
 use crate::LoadtestError;
 
 /// Connections per profile unless a profile or `--connections` says otherwise.
+///
+/// ```
+/// assert!(sluice_loadtest::DEFAULT_CONNECTIONS <= sluice_loadtest::MAX_CONNECTIONS);
+/// ```
 pub const DEFAULT_CONNECTIONS: u32 = 4;
+
+/// The most connections one profile may have.
+///
+/// ```
+/// assert_eq!(sluice_loadtest::MAX_CONNECTIONS, 10_000);
+/// ```
+pub const MAX_CONNECTIONS: u32 = 10_000;
+
+/// The longest trial.
+///
+/// ```
+/// assert_eq!(sluice_loadtest::MAX_DURATION.as_secs(), 86_400);
+/// ```
+pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 
 /// Arguments of `sluice loadtest`, to be flattened into a subcommand.
 ///
@@ -66,6 +84,19 @@ pub struct Args {
 impl Args {
     /// Checks what clap cannot: ranges and the relation between arguments.
     ///
+    /// ```
+    /// use clap::Parser;
+    /// #[derive(Parser)]
+    /// struct Cli {
+    ///     #[command(flatten)]
+    ///     loadtest: sluice_loadtest::Args,
+    /// }
+    /// let cli = Cli::try_parse_from(["sluice", "--spawn", "--duration", "1s", "--settle", "2s"])?;
+    /// let err = cli.loadtest.validate().unwrap_err();
+    /// assert_eq!(err.to_string(), "--settle: must be shorter than --duration");
+    /// # Ok::<(), clap::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// [`LoadtestError::Argument`] naming the argument.
     pub fn validate(&self) -> Result<(), LoadtestError> {
@@ -78,11 +109,14 @@ impl Args {
         if self.trials == 0 {
             return bad("--trials", "must be at least 1");
         }
-        if self.connections == Some(0) {
-            return bad("--connections", "must be at least 1");
+        if self
+            .connections
+            .is_some_and(|c| !(1..=MAX_CONNECTIONS).contains(&c))
+        {
+            return bad("--connections", "must be from 1 to 10000");
         }
-        if self.duration.is_zero() {
-            return bad("--duration", "must be longer than 0");
+        if self.duration.is_zero() || self.duration > MAX_DURATION {
+            return bad("--duration", "must be longer than 0 and at most 24h");
         }
         if self.settle >= self.duration {
             return bad("--settle", "must be shorter than --duration");

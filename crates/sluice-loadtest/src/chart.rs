@@ -209,7 +209,7 @@ pub(crate) fn rates(report: &Report, path: &Path) -> Result<(), LoadtestError> {
                 .map(|(i, b)| {
                     Text::new(
                         compact(b.allowed),
-                        (i as f64 - 0.36, b.allowed.max(b.expected.unwrap_or(0.0)) * 1.3),
+                        (i as f64 - 0.36, label_height(b.allowed, b.expected)),
                         (FAMILY, 12).into_font().color(&green),
                     )
                 }),
@@ -237,6 +237,15 @@ pub(crate) fn rates(report: &Report, path: &Path) -> Result<(), LoadtestError> {
             .draw()?;
         Ok(())
     })
+}
+
+/// Where a bar's value goes: just above it, or above the expected mark when that is close
+/// above the bar (so the two do not overlap).
+fn label_height(value: f64, expected: Option<f64>) -> f64 {
+    match expected {
+        Some(e) if e >= value && e < value * 2.0 => e * 1.3,
+        _ => value * 1.3,
+    }
 }
 
 /// The x position of a percentile on a "nines" axis: 90% at 1, 99% at 2, 99.9% at 3...

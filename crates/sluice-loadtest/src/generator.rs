@@ -54,7 +54,7 @@ pub(crate) struct ProfileTrial {
 }
 
 impl ProfileTrial {
-    fn new(duration: Duration) -> Self {
+    pub(crate) fn new(duration: Duration) -> Self {
         let bucket = bucket_for(duration);
         let buckets = buckets_for(duration, bucket);
         ProfileTrial {

@@ -46,7 +46,7 @@ use std::path::Path;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-pub use args::{Args, DEFAULT_CONNECTIONS, parse_duration};
+pub use args::{Args, DEFAULT_CONNECTIONS, MAX_CONNECTIONS, MAX_DURATION, parse_duration};
 pub use error::LoadtestError;
 pub use profile::{Account, DEFAULT_HEADER_NAME, Expected, Profile, ProfileSet, UNIQUE_PLACEHOLDER};
 pub use report::{Latencies, ProfileSummary, Report, TSV_COLUMNS, TrialRow, Verdict};

@@ -7,11 +7,21 @@ use serde::Deserialize;
 use sluice::Quota;
 
 use crate::LoadtestError;
+use crate::args::MAX_CONNECTIONS;
 
 /// The header carrying the account unless a profiles file names another.
+///
+/// ```
+/// assert_eq!(sluice_loadtest::ProfileSet::seed().header_name, sluice_loadtest::DEFAULT_HEADER_NAME);
+/// ```
 pub const DEFAULT_HEADER_NAME: &str = "X-Account-ID";
 
 /// The placeholder in a header value replaced by a new number on every request.
+///
+/// ```
+/// let account = sluice_loadtest::Account::from_header(Some("user{n}".into()));
+/// assert!(matches!(account, sluice_loadtest::Account::Unique { .. }));
+/// ```
 pub const UNIQUE_PLACEHOLDER: &str = "{n}";
 
 /// The rate a profile should be allowed.
@@ -185,6 +195,13 @@ impl ProfileSet {
 
     /// `seed`, or the YAML file at `spec`.
     ///
+    /// ```
+    /// assert_eq!(sluice_loadtest::ProfileSet::load("seed")?.profiles.len(), 12);
+    /// let err = sluice_loadtest::ProfileSet::load("/nonexistent/profiles.yaml").unwrap_err();
+    /// assert!(err.to_string().starts_with("--profiles /nonexistent/profiles.yaml: "));
+    /// # Ok::<(), sluice_loadtest::LoadtestError>(())
+    /// ```
+    ///
     /// # Errors
     /// [`LoadtestError::ProfilesRead`] if the file cannot be read,
     /// [`LoadtestError::ProfilesInvalid`] naming the field at fault.
@@ -239,8 +256,11 @@ impl ProfileSet {
             {
                 return Err(format!("{}: control characters are not allowed", field("header")));
             }
-            if p.connections == Some(0) {
-                return Err(format!("{}: must be at least 1", field("connections")));
+            if p.connections.is_some_and(|c| !(1..=MAX_CONNECTIONS).contains(&c)) {
+                return Err(format!(
+                    "{}: must be from 1 to {MAX_CONNECTIONS}",
+                    field("connections")
+                ));
             }
             let expected = expected_of(&p.expected).map_err(|e| format!("{}: {e}", field("expected")))?;
             profiles.push(Profile {

@@ -118,7 +118,16 @@ impl fmt::Display for Verdict {
     }
 }
 
-/// One profile in one trial: a line of results.tsv.
+/// One profile in one trial: a line of results.tsv (see [`TSV_COLUMNS`]).
+///
+/// The allowed requests split into `cold_start_allowed + steady_allowed + tail_allowed`.
+///
+/// ```
+/// fn check(row: &sluice_loadtest::TrialRow) {
+///     assert_eq!(row.cold_start_allowed + row.steady_allowed + row.tail_allowed, row.allowed);
+///     assert_eq!(row.tsv_line().split('\t').count(), sluice_loadtest::TSV_COLUMNS.len());
+/// }
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrialRow {
     /// The profile's name (`account ID`).
@@ -163,6 +172,11 @@ pub struct TrialRow {
 
 /// The column names of results.tsv: seed 000's, then the expected rate, the error, and the
 /// cold-start split.
+///
+/// ```
+/// assert_eq!(sluice_loadtest::TSV_COLUMNS[0], "account ID");
+/// assert_eq!(sluice_loadtest::TSV_COLUMNS[16], "expected rate");
+/// ```
 pub const TSV_COLUMNS: [&str; 26] = [
     "account ID",
     "trial",
@@ -368,6 +382,12 @@ fn judge(
 }
 
 /// A profile over all its trials: a line of the summary.
+///
+/// ```
+/// fn failed(summary: &sluice_loadtest::ProfileSummary) -> bool {
+///     summary.verdict == sluice_loadtest::Verdict::Fail || summary.errors > 0
+/// }
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProfileSummary {
     /// The profile's name.
@@ -501,6 +521,19 @@ impl Report {
     }
 
     /// results.tsv: the header and one line per row.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let report = sluice_loadtest::Report {
+    ///     url: "http://127.0.0.1:8080/".into(),
+    ///     duration: Duration::from_secs(10),
+    ///     settle: Duration::from_secs(1),
+    ///     rows: vec![],
+    ///     profiles: vec![],
+    ///     files: vec![],
+    /// };
+    /// assert!(report.tsv().starts_with("account ID\ttrial\ttest duration (us)\t"));
+    /// ```
     pub fn tsv(&self) -> String {
         let mut out = TSV_COLUMNS.join("\t");
         out.push('\n');
@@ -592,6 +625,55 @@ impl fmt::Display for Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn counts(allowed: [u64; 11], denied: [u64; 11]) -> ProfileTrial {
+        let mut counts = ProfileTrial::new(Duration::from_millis(10));
+        assert_eq!(counts.bucket, Duration::from_millis(1));
+        counts.allowed_by_bucket = allowed.to_vec();
+        counts.denied_by_bucket = denied.to_vec();
+        counts.allowed = allowed.iter().sum();
+        counts.denied = denied.iter().sum();
+        counts.elapsed = Duration::from_millis(10);
+        counts
+    }
+
+    #[test]
+    fn the_steady_window_runs_between_denials_after_settling() {
+        let profile = Profile {
+            name: "p".into(),
+            account: crate::Account::None,
+            expected: Expected::Rate(1000.0),
+            connections: None,
+        };
+        // A burst before 2 ms, denials from 3 ms to 7 ms, one more allowed at 8 ms.
+        let c = counts(
+            [5, 5, 1, 0, 1, 0, 1, 0, 1, 0, 0],
+            [0, 3, 0, 2, 0, 2, 0, 2, 0, 0, 0],
+        );
+        let row = TrialRow::new(&profile, 1, &c, Duration::from_millis(2));
+        assert_eq!(row.steady_start, Duration::from_millis(4));
+        assert_eq!(row.steady_duration, Duration::from_millis(3));
+        assert_eq!(
+            (row.cold_start_allowed, row.steady_allowed, row.tail_allowed),
+            (11, 2, 1)
+        );
+        assert_eq!(row.verdict, Verdict::Pass); // 2 where 1000/s grants 3
+        // Nothing denied after settling: the window runs to the end, and is not a measurement.
+        let c = counts(
+            [5, 5, 1, 1, 1, 1, 1, 1, 1, 1, 0],
+            [0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        );
+        let row = TrialRow::new(&profile, 1, &c, Duration::from_millis(2));
+        assert_eq!(
+            (row.steady_start, row.steady_duration),
+            (Duration::from_millis(2), Duration::from_millis(8))
+        );
+        assert_eq!(
+            (row.cold_start_allowed, row.steady_allowed, row.tail_allowed),
+            (10, 8, 0)
+        );
+        assert_eq!(row.verdict, Verdict::NotSaturated);
+    }
 
     #[test]
     fn judges_within_one_percent_or_one_request() {

@@ -306,7 +306,15 @@ async fn an_unwritable_output_directory_is_named_before_the_run() {
 
 #[test]
 fn arguments_are_checked() {
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 6] = [
+        (
+            &["--url", "http://127.0.0.1:9/", "--connections", "10001"],
+            "--connections",
+        ),
+        (
+            &["--url", "http://127.0.0.1:9/", "--duration", "25h"],
+            "--duration",
+        ),
         (&["--url", "http://127.0.0.1:9/", "--trials", "0"], "--trials"),
         (
             &["--url", "http://127.0.0.1:9/", "--connections", "0"],
