@@ -14,7 +14,6 @@
 use std::cell::{Cell, UnsafeCell};
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// One reader count on a cache line of its own (128 bytes: adjacent-line prefetch pairs lines).
 #[repr(align(128))]
@@ -23,10 +22,9 @@ struct Stripe(AtomicUsize);
 
 pub(crate) struct StripedRwLock<T> {
     stripes: Box<[Stripe]>,
-    /// Set while a writer holds or waits for the lock.
+    /// Set while a writer holds the lock or waits for the readers to leave; writers take it
+    /// by compare-and-swap, which also serialises them.
     writing: AtomicBool,
-    /// Serialises writers.
-    writers: Mutex<()>,
     value: UnsafeCell<T>,
 }
 
@@ -66,7 +64,6 @@ impl<T> StripedRwLock<T> {
         Self {
             stripes: (0..stripes).map(|_| Stripe::default()).collect(),
             writing: AtomicBool::new(false),
-            writers: Mutex::new(()),
             value: UnsafeCell::new(value),
         }
     }
@@ -89,19 +86,21 @@ impl<T> StripedRwLock<T> {
     }
 
     pub(crate) fn write(&self) -> WriteGuard<'_, T> {
-        // Nothing panics while a shard is held; a poisoned mutex still serialises writers.
-        let writer = self.writers.lock().unwrap_or_else(PoisonError::into_inner);
-        self.writing.store(true, Ordering::SeqCst);
+        let mut round = 0;
+        while self
+            .writing
+            .compare_exchange_weak(false, true, Ordering::SeqCst, Ordering::Relaxed)
+            .is_err()
+        {
+            backoff(&mut round);
+        }
         for stripe in &self.stripes {
             let mut round = 0;
             while stripe.0.load(Ordering::SeqCst) != 0 {
                 backoff(&mut round);
             }
         }
-        WriteGuard {
-            lock: self,
-            _writer: writer,
-        }
+        WriteGuard { lock: self }
     }
 
     /// Bytes this lock holds on the heap (its stripes).
@@ -135,7 +134,6 @@ impl<T> Drop for ReadGuard<'_, T> {
 
 pub(crate) struct WriteGuard<'a, T> {
     lock: &'a StripedRwLock<T>,
-    _writer: MutexGuard<'a, ()>,
 }
 
 impl<T> Deref for WriteGuard<'_, T> {
@@ -149,7 +147,7 @@ impl<T> Deref for WriteGuard<'_, T> {
 
 impl<T> DerefMut for WriteGuard<'_, T> {
     fn deref_mut(&mut self) -> &mut T {
-        // SAFETY: as for `deref`, and writers are serialised by the mutex.
+        // SAFETY: as for `deref`, and only one writer holds the flag.
         unsafe { &mut *self.lock.value.get() }
     }
 }

@@ -33,7 +33,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use lock::{ReadGuard, StripedRwLock, WriteGuard};
-use shard::{Compiled, Entry, Eviction, Room, Shard, meta};
+use shard::{Compiled, Entry, Room, Shard, meta};
 pub use source::{FetchError, FetchResult, FnSource, QuotaSource, StaticQuotas};
 
 use crate::limiter::{decide, unit_decision};
@@ -67,9 +67,7 @@ pub struct KeyedMetrics {
 
 #[derive(Default)]
 struct Counters {
-    evicted_idle: AtomicU64,
-    evicted_frequency: AtomicU64,
-    refused: AtomicU64,
+    // Evictions and refusals are counted per shard, under its write lock.
     fetches: AtomicU64,
     fetch_errors: AtomicU64,
 }
@@ -441,14 +439,19 @@ where
     pub fn metrics(&self) -> KeyedMetrics {
         let inner = &*self.inner;
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        KeyedMetrics {
-            entries: inner.shards.iter().map(|s| read(s).entries.len() as u64).sum(),
-            evicted_idle: load(&inner.counters.evicted_idle),
-            evicted_frequency: load(&inner.counters.evicted_frequency),
-            refused: load(&inner.counters.refused),
+        let mut metrics = KeyedMetrics {
             fetches: load(&inner.counters.fetches),
             fetch_errors: load(&inner.counters.fetch_errors),
+            ..KeyedMetrics::default()
+        };
+        for shard in &inner.shards {
+            let shard = read(shard);
+            metrics.entries += shard.entries.len() as u64;
+            metrics.evicted_idle += shard.evicted_idle;
+            metrics.evicted_frequency += shard.evicted_frequency;
+            metrics.refused += shard.refused;
         }
+        metrics
     }
 
     /// The quota `key` is governed by now, if the key is held.
@@ -489,19 +492,12 @@ where
         let hash_of = |k: &K| inner.hasher.hash_one(k);
         let place = match guard.make_room(&inner.algorithm, hash, now, hash_of) {
             Room::Refused => {
-                bump(&inner.counters.refused);
                 drop(guard);
                 let scratch = Entry::new(&inner.algorithm, key, limit, now, bits);
                 return inner.decide_on(&scratch, now, cost);
             }
             Room::Free => None,
-            Room::Reused(reason, i) => {
-                bump(match reason {
-                    Eviction::Idle => &inner.counters.evicted_idle,
-                    Eviction::Frequency => &inner.counters.evicted_frequency,
-                });
-                Some(i)
-            }
+            Room::Reused(i) => Some(i),
         };
         let entry = Entry::new(&inner.algorithm, key.clone(), limit, now, bits | 1);
         let i = guard.insert(place, hash, entry, hash_of);

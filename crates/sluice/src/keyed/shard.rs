@@ -99,22 +99,13 @@ impl<K, A: Algorithm> Entry<K, A> {
     }
 }
 
-/// Why an entry left.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Eviction {
-    /// It carried no information (full bucket, expired window).
-    Idle,
-    /// It was the least frequently used of a sample, and the newcomer was used more.
-    Frequency,
-}
-
 /// What to do with a newcomer when the shard is full.
 pub(crate) enum Room {
     /// The shard has a free place.
     Free,
-    /// The entry at this position was evicted for the reason given: unindexed, its place is
-    /// the newcomer's (overwritten in place, so no other entry moves).
-    Reused(Eviction, usize),
+    /// The entry at this position was evicted (and counted): unindexed, its place is the
+    /// newcomer's (overwritten in place, so no other entry moves).
+    Reused(usize),
     /// The newcomer is refused (admission lost to every sampled entry).
     Refused,
 }
@@ -131,6 +122,10 @@ pub(crate) struct Shard<K, A: Algorithm> {
     sketch: FrequencySketch,
     capacity: usize,
     hand: usize,
+    /// Outcomes of `make_room`, counted under the write lock (no shared atomic to bump).
+    pub(crate) evicted_idle: u64,
+    pub(crate) evicted_frequency: u64,
+    pub(crate) refused: u64,
 }
 
 impl<K, A: Algorithm> Shard<K, A> {
@@ -141,6 +136,9 @@ impl<K, A: Algorithm> Shard<K, A> {
             sketch: FrequencySketch::new(capacity),
             capacity,
             hand: 0,
+            evicted_idle: 0,
+            evicted_frequency: 0,
+            refused: 0,
         }
     }
 
@@ -185,13 +183,15 @@ impl<K, A: Algorithm> Shard<K, A> {
             if frequency <= COLD && algorithm.is_idle(&entry.limit.params, &entry.state, since) {
                 self.hand = (i + 1) % len;
                 self.unindex(i, &hash_of);
-                return Room::Reused(Eviction::Idle, i);
+                self.evicted_idle += 1;
+                return Room::Reused(i);
             }
             if victim.is_none_or(|(_, f)| frequency < f) {
                 victim = Some((i, frequency));
             }
         }
         let Some((i, frequency)) = victim else {
+            self.refused += 1;
             return Room::Refused;
         };
         if newcomer <= frequency {
@@ -199,10 +199,12 @@ impl<K, A: Algorithm> Shard<K, A> {
             for step in 0..sample {
                 self.entries[(start + step) % len].age();
             }
+            self.refused += 1;
             return Room::Refused;
         }
         self.unindex(i, &hash_of);
-        Room::Reused(Eviction::Frequency, i)
+        self.evicted_frequency += 1;
+        Room::Reused(i)
     }
 
     /// Stores `entry` where `room` says (in a reused place, or at the end) and indexes it.
