@@ -114,27 +114,7 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
     /// ```
     #[inline]
     pub fn check_n(&self, cost: u64) -> Result<Decision, CheckError> {
-        loop {
-            let limit = self.current();
-            let now = self.clock.now();
-            if now > limit.last_valid {
-                self.replace(limit, None, now);
-                continue;
-            }
-            // A reading older than the epoch (a thread that read the clock just before a
-            // replacement) is taken as the epoch itself.
-            let since_epoch = now.saturating_sub(limit.epoch);
-            if let Some(result) = decide(
-                &self.algorithm,
-                &limit.quota,
-                &limit.params,
-                &limit.state,
-                since_epoch,
-                cost,
-            ) {
-                return result;
-            }
-        }
+        self.take_n(cost).map(|(decision, _)| decision)
     }
 
     /// The quota in force.

@@ -36,6 +36,7 @@ use lock::{ReadGuard, StripedRwLock, WriteGuard};
 use shard::{Compiled, Entry, Room, Shard, meta};
 pub use source::{FetchError, FetchResult, FnSource, QuotaSource, StaticQuotas};
 
+use crate::chain::Receipt;
 use crate::limiter::{decide, unit_decision};
 use crate::{Algorithm, CheckError, Clock, Decision, MonotonicClock, Quota, QuotaError};
 
@@ -401,38 +402,52 @@ where
         Q: Hash + Eq + ToOwned + ?Sized,
         Q::Owned: Into<K>,
     {
-        let inner = &*self.inner;
-        let hash = inner.hasher.hash_one(key);
-        let shard = inner.shard(hash);
-        {
-            let guard = read(shard);
-            if let Some(i) = guard.find(hash, key) {
-                let entry = &guard.entries[i];
-                let now = inner.clock.now();
-                let since = entry.since_epoch(now);
-                if since <= entry.limit.horizon {
-                    let seen = entry.touch();
-                    let limit = &entry.limit;
-                    let result = decide(
-                        &inner.algorithm,
-                        &limit.quota,
-                        &limit.params,
-                        &entry.state,
-                        since,
-                        cost,
-                    );
-                    if let Some(result) = result {
-                        let refresh = inner.claim_refresh(entry, seen, now);
-                        drop(guard);
-                        if refresh {
-                            self.refresh(key.to_owned().into());
-                        }
-                        return result;
-                    }
-                }
-            }
+        let hash = self.inner.hasher.hash_one(key);
+        match self.check_present(hash, key, cost) {
+            Some(result) => result.map(|(decision, _)| decision),
+            None => self.check_slow(hash, key.to_owned().into(), cost),
         }
-        self.check_slow(hash, key.to_owned().into(), cost)
+    }
+
+    /// The check of a key already stored, under the shard's read lock, with the receipt a
+    /// refund needs; `None` if the key is missing or its epoch must move (the slow path).
+    #[inline]
+    fn check_present<Q>(
+        &self,
+        hash: u64,
+        key: &Q,
+        cost: u64,
+    ) -> Option<Result<(Decision, Receipt), CheckError>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        let inner = &*self.inner;
+        let guard = read(inner.shard(hash));
+        let entry = &guard.entries[guard.find(hash, key)?];
+        let now = inner.clock.now();
+        let since = entry.since_epoch(now);
+        if since > entry.limit.horizon {
+            return None;
+        }
+        let seen = entry.touch();
+        let limit = &entry.limit;
+        let result = decide(
+            &inner.algorithm,
+            &limit.quota,
+            &limit.params,
+            &entry.state,
+            since,
+            cost,
+        )?;
+        let receipt = Receipt::new(since, entry.epoch);
+        let refresh = inner.claim_refresh(entry, seen, now);
+        drop(guard);
+        if refresh {
+            self.refresh(key.to_owned().into());
+        }
+        Some(result.map(|decision| (decision, receipt)))
     }
 
     /// Counters: entries held, evictions by reason, refusals, fetches and fetch errors.

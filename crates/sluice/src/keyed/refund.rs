@@ -5,7 +5,6 @@ use std::hash::{BuildHasher, Hash};
 
 use super::{KeyedLimiter, QuotaSource, read};
 use crate::chain::Receipt;
-use crate::limiter::decide;
 use crate::{Algorithm, CheckError, Clock, Decision};
 
 impl<K, A, S, C> KeyedLimiter<K, A, S, C>
@@ -24,37 +23,10 @@ where
         Q: Hash + Eq + ToOwned + ?Sized,
         Q::Owned: Into<K>,
     {
-        let inner = &*self.inner;
-        let hash = inner.hasher.hash_one(key);
+        let hash = self.inner.hasher.hash_one(key);
         for _ in 0..2 {
-            {
-                let guard = read(inner.shard(hash));
-                if let Some(i) = guard.find(hash, key) {
-                    let entry = &guard.entries[i];
-                    let now = inner.clock.now();
-                    let since = entry.since_epoch(now);
-                    if since <= entry.limit.horizon {
-                        let seen = entry.touch();
-                        let limit = &entry.limit;
-                        let result = decide(
-                            &inner.algorithm,
-                            &limit.quota,
-                            &limit.params,
-                            &entry.state,
-                            since,
-                            cost,
-                        );
-                        if let Some(result) = result {
-                            let receipt = Receipt::new(since, entry.epoch);
-                            let refresh = inner.claim_refresh(entry, seen, now);
-                            drop(guard);
-                            if refresh {
-                                self.refresh(key.to_owned().into());
-                            }
-                            return result.map(|d| (d, receipt));
-                        }
-                    }
-                }
+            if let Some(result) = self.check_present(hash, key, cost) {
+                return result;
             }
             // New key or an epoch to move: the ordinary path does it (a peek consumes nothing).
             self.check_n(key, 0)?;

@@ -7,6 +7,7 @@ use crate::{Algorithm, CheckError, Clock, Decision};
 impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
     /// [`RateLimiter::check_n`], also returning what a refund of this check needs: the state it
     /// was decided on and the time given to the algorithm.
+    #[inline]
     pub(crate) fn take_n(&self, cost: u64) -> Result<(Decision, Receipt), CheckError> {
         loop {
             let limit = self.current();
@@ -15,6 +16,8 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
                 self.replace(limit, None, now);
                 continue;
             }
+            // A reading older than the epoch (a thread that read the clock just before a
+            // replacement) is taken as the epoch itself.
             let since_epoch = now.saturating_sub(limit.epoch);
             let result = decide(
                 &self.algorithm,
