@@ -67,7 +67,10 @@ impl RateFields {
     /// Writes the fields. Numbers below 10 000 are static strings; the two structured
     /// fields are printed without formatting machinery, one small allocation each.
     pub(crate) fn write(&self, policy: &str, headers: &mut HeaderMap) {
-        headers.reserve(6);
+        // A header map fills only three quarters of its table: ask for enough that the six
+        // fields go in without the table growing (and moving every entry) on the way.
+        let need = headers.len() + 6;
+        headers.reserve((need * 4).div_ceil(3) - headers.len());
         let window = self.window.map_or(0, |w| 3 + digits(w));
         let mut text = Vec::with_capacity(policy.len() + 5 + digits(self.quota) + window);
         put_policy(&mut text, policy);

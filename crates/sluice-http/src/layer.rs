@@ -365,8 +365,8 @@ fn plain<B: From<&'static str>>(status: StatusCode, body: &'static str) -> Respo
     let mut response = Response::new(B::from(body));
     *response.status_mut() = status;
     let headers = response.headers_mut();
-    // Room for the rate-limit fields too, so the map is allocated once.
-    headers.reserve(8);
+    // Room for the rate-limit fields too, so the map is allocated once (see RateFields::write).
+    headers.reserve(10);
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
     response
 }
