@@ -13,7 +13,7 @@ use sluice::CheckError;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::headers::{RateFields, valid_policy_name};
+use crate::headers::{RateFields, Rendered, valid_policy_name};
 use crate::key::{KeyBuf, KeyPart, KeyRejection, KeySource, MAX_KEY_LEN};
 use crate::{KeyLimiter, PeerAddr, RouteCosts, TrustedProxies};
 
@@ -60,7 +60,7 @@ struct Policy {
     bypass: HashSet<Box<str>, foldhash::fast::FixedState>,
     costs: RouteCosts,
     headers_on_allow: bool,
-    policy_name: Arc<str>,
+    policy_name: Box<str>,
 }
 
 enum Verdict {
@@ -388,11 +388,13 @@ where
         let kind = match self.policy.decide(&request) {
             Verdict::Pass(fields) => Kind::Inner {
                 future: self.inner.call(request),
-                fields: fields.map(|f| (f, Arc::clone(&self.policy.policy_name))),
+                fields: fields.map(|f| f.render(&self.policy.policy_name)),
             },
             Verdict::Deny(fields) => {
                 let mut response = plain(StatusCode::TOO_MANY_REQUESTS, EXCEEDED_BODY);
-                fields.write(&self.policy.policy_name, response.headers_mut());
+                fields
+                    .render(&self.policy.policy_name)
+                    .write(response.headers_mut());
                 Kind::Ready {
                     response: Some(response),
                 }
@@ -424,7 +426,7 @@ pin_project! {
 pin_project! {
     #[project = KindProj]
     enum Kind<F, B> {
-        Inner { #[pin] future: F, fields: Option<(RateFields, Arc<str>)> },
+        Inner { #[pin] future: F, fields: Option<Rendered> },
         Ready { response: Option<Response<B>> },
     }
 }
@@ -440,8 +442,8 @@ where
         match self.project().kind.project() {
             KindProj::Inner { future, fields } => {
                 let mut response = std::task::ready!(future.poll(cx))?;
-                if let Some((fields, name)) = fields.take() {
-                    fields.write(&name, response.headers_mut());
+                if let Some(fields) = fields.take() {
+                    fields.write(response.headers_mut());
                 }
                 Poll::Ready(Ok(response))
             }
