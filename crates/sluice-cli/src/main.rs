@@ -90,9 +90,10 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         config_file: args.config,
         listen: args.listen,
     };
-    runtime
-        .block_on(server::serve(options, shutdown_signal()))
-        .map_err(|e| e.to_string())
+    runtime.block_on(async {
+        let shutdown = shutdown_signal()?;
+        server::serve(options, shutdown).await.map_err(|e| e.to_string())
+    })
 }
 
 fn init_logging() {
@@ -107,26 +108,25 @@ fn init_logging() {
         .init();
 }
 
-/// Completes on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(e) => {
-                tracing::warn!("cannot listen for SIGTERM: {e}");
-                let _ = tokio::signal::ctrl_c().await;
-            }
+/// A future that completes on SIGINT or SIGTERM. The handlers are installed here, before
+/// the server says it is listening, so a signal sent right after that line is not missed.
+#[cfg(unix)]
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, String> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(|e| format!("cannot handle SIGINT: {e}"))?;
+    let mut terminate = signal(SignalKind::terminate()).map_err(|e| format!("cannot handle SIGTERM: {e}"))?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
         }
-    }
-    #[cfg(not(unix))]
-    {
+    })
+}
+
+/// A future that completes on Ctrl-C.
+#[cfg(not(unix))]
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, String> {
+    Ok(async {
         let _ = tokio::signal::ctrl_c().await;
-    }
+    })
 }

@@ -286,13 +286,18 @@ fn a_bad_edit_keeps_the_running_config_and_a_good_edit_applies() {
 }
 
 #[test]
-fn sigterm_shuts_down_cleanly() {
+fn sigterm_and_sigint_shut_down_cleanly() {
+    for signal in ["TERM", "INT"] {
+        let (mut server, _dir) = start(CONFIG);
+        let mut client = server.client();
+        assert_eq!(client.as_account(Some("admin@example.com")).status, 200);
+        let status = server.signal(signal);
+        assert!(status.success(), "SIG{signal}: {status:?}");
+        assert!(server.stderr().contains("shut down"), "{}", server.stderr());
+    }
+    // A signal right after the listening line is not missed either.
     let (mut server, _dir) = start(CONFIG);
-    let mut client = server.client();
-    assert_eq!(client.as_account(Some("admin@example.com")).status, 200);
-    let status = server.terminate();
-    assert!(status.success(), "{status:?}");
-    assert!(server.stderr().contains("shut down"), "{}", server.stderr());
+    assert!(server.signal("TERM").success());
 }
 
 fn validate(text: &str) -> (bool, String, String) {
