@@ -189,8 +189,20 @@ pub struct Settings {
 
 /// Reads and checks a config file.
 pub fn load(path: &Path) -> Result<Settings, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|e| error("file", e))?;
-    parse(&text)
+    load_with_bytes(path).map(|(settings, _)| settings)
+}
+
+/// Reads and checks a config file, returning the bytes read too (what a reload compares with).
+pub fn load_with_bytes(path: &Path) -> Result<(Settings, Vec<u8>), ConfigError> {
+    let bytes = std::fs::read(path).map_err(|e| error("file", e))?;
+    let settings = parse_bytes(&bytes)?;
+    Ok((settings, bytes))
+}
+
+/// Checks config bytes, which must be UTF-8 text.
+pub fn parse_bytes(bytes: &[u8]) -> Result<Settings, ConfigError> {
+    let text = std::str::from_utf8(bytes).map_err(|_| error("file", "not UTF-8 text"))?;
+    parse(text)
 }
 
 /// Checks config text.

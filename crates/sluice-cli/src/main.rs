@@ -71,9 +71,17 @@ fn validate(file: &std::path::Path) -> Result<(), String> {
 
 fn serve(args: ServeArgs) -> Result<(), String> {
     init_logging();
-    let settings = match &args.config {
-        Some(file) => config::load(file).map_err(|e| format!("{}: {e}", file.display()))?,
-        None => config::parse(config::DEFAULT_CONFIG).map_err(|e| format!("built-in config: {e}"))?,
+    let (settings, config_file) = match args.config {
+        Some(file) => {
+            let (settings, bytes) =
+                config::load_with_bytes(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+            (settings, Some((file, bytes)))
+        }
+        None => {
+            let settings =
+                config::parse(config::DEFAULT_CONFIG).map_err(|e| format!("built-in config: {e}"))?;
+            (settings, None)
+        }
     };
     let threads = match args.threads {
         Some(0) => return Err("--threads: must be at least 1".into()),
@@ -87,7 +95,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
     let options = server::ServeOptions {
         settings,
-        config_file: args.config,
+        config_file,
         listen: args.listen,
     };
     runtime.block_on(async {
