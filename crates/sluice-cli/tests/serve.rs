@@ -366,3 +366,18 @@ fn serve_refuses_a_bad_config_with_one_line() {
             .contains("/nonexistent/sluice.yaml: file:")
     );
 }
+
+#[test]
+fn a_busy_address_is_one_line_and_a_failure() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap().to_string();
+    let out = sluice().args(["serve", "--listen", &addr]).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(last.starts_with(&format!("sluice: listen {addr}: ")), "{stderr}");
+    assert!(
+        String::from_utf8(out.stdout).unwrap().is_empty(),
+        "no listening line"
+    );
+}
