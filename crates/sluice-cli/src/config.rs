@@ -11,6 +11,10 @@ use sluice::{
 };
 use sluice_http::{CostRule, IpNet, KeyPart, MAX_KEY_LEN};
 
+/// The most keys a config may ask the limiter to hold (about 6 GB of entries): a bound, so a
+/// typo cannot make the server try to allocate without limit at start.
+const MAX_CAPACITY: usize = 100_000_000;
+
 /// The demo of seed 000, used when no `--config` is given.
 pub const DEFAULT_CONFIG: &str = include_str!("default.yaml");
 
@@ -185,8 +189,20 @@ pub struct Settings {
 
 /// Reads and checks a config file.
 pub fn load(path: &Path) -> Result<Settings, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|e| error("file", e))?;
-    parse(&text)
+    load_with_bytes(path).map(|(settings, _)| settings)
+}
+
+/// Reads and checks a config file, returning the bytes read too (what a reload compares with).
+pub fn load_with_bytes(path: &Path) -> Result<(Settings, Vec<u8>), ConfigError> {
+    let bytes = std::fs::read(path).map_err(|e| error("file", e))?;
+    let settings = parse_bytes(&bytes)?;
+    Ok((settings, bytes))
+}
+
+/// Checks config bytes, which must be UTF-8 text.
+pub fn parse_bytes(bytes: &[u8]) -> Result<Settings, ConfigError> {
+    let text = std::str::from_utf8(bytes).map_err(|_| error("file", "not UTF-8 text"))?;
+    parse(text)
 }
 
 /// Checks config text.
@@ -281,8 +297,11 @@ impl RawConfig {
         };
         let failsafe = held("failsafe", quota("failsafe", &self.failsafe)?)?;
         let unknown = held("unknown", quota("unknown", &self.unknown)?)?;
-        if self.capacity == 0 {
-            return Err(error("capacity", "must be at least 1"));
+        if self.capacity == 0 || self.capacity > MAX_CAPACITY {
+            return Err(error(
+                "capacity",
+                format!("must be between 1 and {MAX_CAPACITY} keys, not {}", self.capacity),
+            ));
         }
         let limiter = LimiterSettings {
             algorithm,
@@ -410,6 +429,7 @@ mod tests {
             ("key:\n  from: [cookie]\n", "key.from[0]"),
             ("key:\n  frm: []\n", "key.frm"),
             ("capacity: lots\n", "capacity"),
+            ("capacity: 1000000000000\n", "capacity"),
             ("fetch_latency: soon\n", "fetch_latency"),
             ("trusted_proxies: [10.0.0.0/99]\n", "trusted_proxies[0]"),
             ("costs:\n  - {path: api, cost: 2}\n", "costs[0].path"),

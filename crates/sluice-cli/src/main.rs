@@ -96,9 +96,17 @@ fn loadtest(args: &sluice_loadtest::Args) -> Result<(), String> {
 
 fn serve(args: ServeArgs) -> Result<(), String> {
     init_logging();
-    let settings = match &args.config {
-        Some(file) => config::load(file).map_err(|e| format!("{}: {e}", file.display()))?,
-        None => config::parse(config::DEFAULT_CONFIG).map_err(|e| format!("built-in config: {e}"))?,
+    let (settings, config_file) = match args.config {
+        Some(file) => {
+            let (settings, bytes) =
+                config::load_with_bytes(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+            (settings, Some((file, bytes)))
+        }
+        None => {
+            let settings =
+                config::parse(config::DEFAULT_CONFIG).map_err(|e| format!("built-in config: {e}"))?;
+            (settings, None)
+        }
     };
     let threads = match args.threads {
         Some(0) => return Err("--threads: must be at least 1".into()),
@@ -112,12 +120,13 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
     let options = server::ServeOptions {
         settings,
-        config_file: args.config,
+        config_file,
         listen: args.listen,
     };
-    runtime
-        .block_on(server::serve(options, shutdown_signal()))
-        .map_err(|e| e.to_string())
+    runtime.block_on(async {
+        let shutdown = shutdown_signal()?;
+        server::serve(options, shutdown).await.map_err(|e| e.to_string())
+    })
 }
 
 fn init_logging() {
@@ -132,26 +141,25 @@ fn init_logging() {
         .init();
 }
 
-/// Completes on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(e) => {
-                tracing::warn!("cannot listen for SIGTERM: {e}");
-                let _ = tokio::signal::ctrl_c().await;
-            }
+/// A future that completes on SIGINT or SIGTERM. The handlers are installed here, before
+/// the server says it is listening, so a signal sent right after that line is not missed.
+#[cfg(unix)]
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, String> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(|e| format!("cannot handle SIGINT: {e}"))?;
+    let mut terminate = signal(SignalKind::terminate()).map_err(|e| format!("cannot handle SIGTERM: {e}"))?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
         }
-    }
-    #[cfg(not(unix))]
-    {
+    })
+}
+
+/// A future that completes on Ctrl-C.
+#[cfg(not(unix))]
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, String> {
+    Ok(async {
         let _ = tokio::signal::ctrl_c().await;
-    }
+    })
 }

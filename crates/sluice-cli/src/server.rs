@@ -47,8 +47,9 @@ pub enum ServeError {
 pub struct ServeOptions {
     /// The checked config.
     pub settings: Settings,
-    /// The file it came from, watched for changes (none for the built-in demo).
-    pub config_file: Option<PathBuf>,
+    /// The file it came from and the bytes read from it, watched for changes (none for the
+    /// built-in demo).
+    pub config_file: Option<(PathBuf, Vec<u8>)>,
     /// Overrides the config's listen address (and makes reloads ignore it).
     pub listen: Option<SocketAddr>,
 }
@@ -64,14 +65,16 @@ pub async fn serve(options: ServeOptions, shutdown: impl Future<Output = ()>) ->
         .map_err(|source| ServeError::Bind { addr, source })?;
     let app = Arc::new(ArcSwap::from_pointee(App::new(&options.settings)?));
 
-    if let Some(file) = options.config_file {
+    if let Some((file, bytes)) = options.config_file {
         let fixed_listen = options.listen.is_some();
-        tokio::spawn(watch_config(
+        let watch = watch_config(
             file,
+            bytes,
             Arc::clone(&app),
             options.settings.listen,
             fixed_listen,
-        ));
+        );
+        tokio::spawn(watch);
     }
 
     // The one line a spawning process waits for; logs go to stderr.
@@ -151,8 +154,15 @@ impl hyper::service::Service<Request<Incoming>> for Handler {
 }
 
 /// Polls the config file; applies a good edit, keeps the running config on a bad one.
-async fn watch_config(file: PathBuf, app: Arc<ArcSwap<App>>, mut listen: SocketAddr, fixed_listen: bool) {
-    let mut last = std::fs::read(&file).ok();
+async fn watch_config(
+    file: PathBuf,
+    running: Vec<u8>,
+    app: Arc<ArcSwap<App>>,
+    mut listen: SocketAddr,
+    fixed_listen: bool,
+) {
+    // Compared with what was actually parsed at start, so an edit made meanwhile is seen.
+    let mut last = Some(running);
     let mut interval = tokio::time::interval(RELOAD_POLL);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -173,13 +183,7 @@ async fn watch_config(file: PathBuf, app: Arc<ArcSwap<App>>, mut listen: SocketA
             continue;
         }
         last = Some(bytes.clone());
-        let settings = match std::str::from_utf8(&bytes)
-            .map_err(|_| config::ConfigError {
-                field: "file".into(),
-                message: "not UTF-8 text".into(),
-            })
-            .and_then(config::parse)
-        {
+        let settings = match config::parse_bytes(&bytes) {
             Ok(settings) => settings,
             Err(e) => {
                 tracing::error!("{}: {e}; keeping the running config", file.display());

@@ -286,13 +286,18 @@ fn a_bad_edit_keeps_the_running_config_and_a_good_edit_applies() {
 }
 
 #[test]
-fn sigterm_shuts_down_cleanly() {
+fn sigterm_and_sigint_shut_down_cleanly() {
+    for signal in ["TERM", "INT"] {
+        let (mut server, _dir) = start(CONFIG);
+        let mut client = server.client();
+        assert_eq!(client.as_account(Some("admin@example.com")).status, 200);
+        let status = server.signal(signal);
+        assert!(status.success(), "SIG{signal}: {status:?}");
+        assert!(server.stderr().contains("shut down"), "{}", server.stderr());
+    }
+    // A signal right after the listening line is not missed either.
     let (mut server, _dir) = start(CONFIG);
-    let mut client = server.client();
-    assert_eq!(client.as_account(Some("admin@example.com")).status, 200);
-    let status = server.terminate();
-    assert!(status.success(), "{status:?}");
-    assert!(server.stderr().contains("shut down"), "{}", server.stderr());
+    assert!(server.signal("TERM").success());
 }
 
 fn validate(text: &str) -> (bool, String, String) {
@@ -359,5 +364,20 @@ fn serve_refuses_a_bad_config_with_one_line() {
         String::from_utf8(missing.stderr)
             .unwrap()
             .contains("/nonexistent/sluice.yaml: file:")
+    );
+}
+
+#[test]
+fn a_busy_address_is_one_line_and_a_failure() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap().to_string();
+    let out = sluice().args(["serve", "--listen", &addr]).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(last.starts_with(&format!("sluice: listen {addr}: ")), "{stderr}");
+    assert!(
+        String::from_utf8(out.stdout).unwrap().is_empty(),
+        "no listening line"
     );
 }

@@ -64,10 +64,9 @@ impl RateFields {
         }
     }
 
-    /// Writes the fields. Numbers below 10 000 are static strings; the two structured
-    /// fields are printed without formatting machinery, one small allocation each.
-    pub(crate) fn write(&self, policy: &str, headers: &mut HeaderMap) {
-        headers.reserve(6);
+    /// Prints the two structured fields (one exact-size allocation each), so what is left
+    /// to carry to the response is plain values.
+    pub(crate) fn render(&self, policy: &str) -> Rendered {
         let window = self.window.map_or(0, |w| 3 + digits(w));
         let mut text = Vec::with_capacity(policy.len() + 5 + digits(self.quota) + window);
         put_policy(&mut text, policy);
@@ -77,18 +76,47 @@ impl RateFields {
             text.extend_from_slice(b";w=");
             put_u64(&mut text, w);
         }
-        insert(headers, &RATELIMIT_POLICY, text);
+        let policy_value = value(text);
         let mut text = Vec::with_capacity(policy.len() + 8 + digits(self.remaining) + digits(self.reset));
         put_policy(&mut text, policy);
         text.extend_from_slice(b";r=");
         put_u64(&mut text, self.remaining);
         text.extend_from_slice(b";t=");
         put_u64(&mut text, self.reset);
-        insert(headers, &RATELIMIT, text);
-        headers.insert(X_LIMIT.clone(), number(self.quota));
-        headers.insert(X_REMAINING.clone(), number(self.remaining));
-        headers.insert(X_RESET.clone(), number(self.reset));
-        if let Some(retry) = self.retry_after {
+        Rendered {
+            policy: policy_value,
+            ratelimit: value(text),
+            fields: *self,
+        }
+    }
+}
+
+/// The fields ready to be written into a response.
+#[derive(Debug, Clone)]
+pub(crate) struct Rendered {
+    policy: Option<HeaderValue>,
+    ratelimit: Option<HeaderValue>,
+    fields: RateFields,
+}
+
+impl Rendered {
+    /// Writes the fields; numbers below 10 000 are static strings.
+    pub(crate) fn write(self, headers: &mut HeaderMap) {
+        // A header map fills only three quarters of its table: ask for enough that the six
+        // fields go in without the table growing (and moving every entry) on the way.
+        let need = headers.len() + 6;
+        headers.reserve((need * 4).div_ceil(3) - headers.len());
+        if let Some(policy) = self.policy {
+            headers.insert(RATELIMIT_POLICY.clone(), policy);
+        }
+        if let Some(ratelimit) = self.ratelimit {
+            headers.insert(RATELIMIT.clone(), ratelimit);
+        }
+        let fields = self.fields;
+        headers.insert(X_LIMIT.clone(), number(fields.quota));
+        headers.insert(X_REMAINING.clone(), number(fields.remaining));
+        headers.insert(X_RESET.clone(), number(fields.reset));
+        if let Some(retry) = fields.retry_after {
             headers.insert(RETRY_AFTER, number(retry));
         }
     }
@@ -99,13 +127,11 @@ fn digits(n: u64) -> usize {
     n.checked_ilog10().map_or(1, |d| d as usize + 1)
 }
 
-fn insert(headers: &mut HeaderMap, name: &HeaderName, text: Vec<u8>) {
+fn value(text: Vec<u8>) -> Option<HeaderValue> {
     // Printable ASCII only (the policy name is checked when the layer is built). Sized
     // exactly, so the value takes over the vector without another allocation.
     debug_assert_eq!(text.len(), text.capacity());
-    if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(text)) {
-        headers.insert(name.clone(), value);
-    }
+    HeaderValue::from_maybe_shared(Bytes::from(text)).ok()
 }
 
 /// `0000` to `9999`, four digits each: small numbers are slices of it, not allocations.
@@ -175,7 +201,7 @@ mod tests {
 
     fn written(fields: RateFields) -> Vec<(String, String)> {
         let mut headers = HeaderMap::new();
-        fields.write("default", &mut headers);
+        fields.render("default").write(&mut headers);
         let mut pairs: Vec<_> = headers
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_string()))

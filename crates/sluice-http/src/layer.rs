@@ -2,6 +2,7 @@
 
 use std::collections::HashSet;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -13,7 +14,7 @@ use sluice::CheckError;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::headers::{RateFields, valid_policy_name};
+use crate::headers::{RateFields, Rendered, valid_policy_name};
 use crate::key::{KeyBuf, KeyPart, KeyRejection, KeySource, MAX_KEY_LEN};
 use crate::{KeyLimiter, PeerAddr, RouteCosts, TrustedProxies};
 
@@ -60,7 +61,25 @@ struct Policy {
     bypass: HashSet<Box<str>, foldhash::fast::FixedState>,
     costs: RouteCosts,
     headers_on_allow: bool,
-    policy_name: Arc<str>,
+    policy_name: Box<str>,
+    peer_addr: PeerAddrReader,
+}
+
+/// Reads the connection's peer address from a request's extensions.
+///
+/// # Example
+/// ```
+/// use std::net::SocketAddr;
+/// let from_a_plain_address: sluice_http::PeerAddrReader = |ext| ext.get::<SocketAddr>().copied();
+/// let mut ext = http::Extensions::new();
+/// ext.insert("192.0.2.1:4000".parse::<SocketAddr>()?);
+/// assert!(from_a_plain_address(&ext).is_some());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub type PeerAddrReader = fn(&http::Extensions) -> Option<SocketAddr>;
+
+fn read_peer_addr(extensions: &http::Extensions) -> Option<SocketAddr> {
+    extensions.get::<PeerAddr>().map(|peer| peer.0)
 }
 
 enum Verdict {
@@ -76,10 +95,8 @@ impl Policy {
             Some(Ok(key)) => self.decide_for(request, key),
             Some(Err(rejection)) => Verdict::BadKey(rejection),
             None => {
-                let ip = request
-                    .extensions()
-                    .get::<PeerAddr>()
-                    .map(|peer| self.proxies.client_ip(peer.0.ip(), headers));
+                let ip = (self.peer_addr)(request.extensions())
+                    .map(|peer| self.proxies.client_ip(peer.ip(), headers));
                 let mut buf = KeyBuf::new(self.keys.max_len);
                 match self.keys.key(headers, ip, &mut buf) {
                     Ok(key) => self.decide_for(request, key),
@@ -134,6 +151,7 @@ pub struct RateLimitBuilder {
     costs: RouteCosts,
     headers_on_allow: bool,
     policy_name: String,
+    peer_addr: PeerAddrReader,
 }
 
 impl RateLimitBuilder {
@@ -181,6 +199,14 @@ impl RateLimitBuilder {
         self
     }
 
+    /// Where the peer address is found in a request's extensions (default: a [`PeerAddr`]).
+    /// With axum's `into_make_service_with_connect_info::<SocketAddr>()`:
+    /// `.peer_addr_with(|ext| ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0))`.
+    pub fn peer_addr_with(mut self, read: PeerAddrReader) -> Self {
+        self.peer_addr = read;
+        self
+    }
+
     /// The policy's name in the `RateLimit-Policy` and `RateLimit` fields (default `default`).
     pub fn policy_name(mut self, name: impl Into<String>) -> Self {
         self.policy_name = name.into();
@@ -217,6 +243,7 @@ impl RateLimitBuilder {
                 costs: self.costs,
                 headers_on_allow: self.headers_on_allow,
                 policy_name: self.policy_name.into(),
+                peer_addr: self.peer_addr,
             }),
         })
     }
@@ -313,6 +340,7 @@ impl RateLimitLayer {
             costs: RouteCosts::default(),
             headers_on_allow: true,
             policy_name: "default".to_string(),
+            peer_addr: read_peer_addr,
         }
     }
 
@@ -365,8 +393,8 @@ fn plain<B: From<&'static str>>(status: StatusCode, body: &'static str) -> Respo
     let mut response = Response::new(B::from(body));
     *response.status_mut() = status;
     let headers = response.headers_mut();
-    // Room for the rate-limit fields too, so the map is allocated once.
-    headers.reserve(8);
+    // Room for the rate-limit fields too, so the map is allocated once (see RateFields::write).
+    headers.reserve(10);
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
     response
 }
@@ -388,11 +416,13 @@ where
         let kind = match self.policy.decide(&request) {
             Verdict::Pass(fields) => Kind::Inner {
                 future: self.inner.call(request),
-                fields: fields.map(|f| (f, Arc::clone(&self.policy.policy_name))),
+                fields: fields.map(|f| f.render(&self.policy.policy_name)),
             },
             Verdict::Deny(fields) => {
                 let mut response = plain(StatusCode::TOO_MANY_REQUESTS, EXCEEDED_BODY);
-                fields.write(&self.policy.policy_name, response.headers_mut());
+                fields
+                    .render(&self.policy.policy_name)
+                    .write(response.headers_mut());
                 Kind::Ready {
                     response: Some(response),
                 }
@@ -424,7 +454,7 @@ pin_project! {
 pin_project! {
     #[project = KindProj]
     enum Kind<F, B> {
-        Inner { #[pin] future: F, fields: Option<(RateFields, Arc<str>)> },
+        Inner { #[pin] future: F, fields: Option<Rendered> },
         Ready { response: Option<Response<B>> },
     }
 }
@@ -440,8 +470,8 @@ where
         match self.project().kind.project() {
             KindProj::Inner { future, fields } => {
                 let mut response = std::task::ready!(future.poll(cx))?;
-                if let Some((fields, name)) = fields.take() {
-                    fields.write(&name, response.headers_mut());
+                if let Some(fields) = fields.take() {
+                    fields.write(response.headers_mut());
                 }
                 Poll::Ready(Ok(response))
             }

@@ -33,6 +33,10 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! For client-IP keys the server puts a [`PeerAddr`] in each request's extensions; with axum,
+//! serve `into_make_service_with_connect_info::<SocketAddr>()` and read its `ConnectInfo`
+//! through [`RateLimitBuilder::peer_addr_with`].
+//!
 //! Hot path: building the key allocates nothing (a stack buffer when parts are joined or an
 //! address is printed), the only lock is the limiter's own, and the rate-limit fields are
 //! printed into one buffer.
@@ -48,6 +52,8 @@ mod proxy;
 
 pub use cost::{CostRule, RouteCosts};
 pub use key::{KeyPart, KeyPartError, MAX_KEY_LEN};
-pub use layer::{BuildError, EXCEEDED_BODY, RateLimit, RateLimitBuilder, RateLimitLayer, ResponseFuture};
+pub use layer::{
+    BuildError, EXCEEDED_BODY, PeerAddrReader, RateLimit, RateLimitBuilder, RateLimitLayer, ResponseFuture,
+};
 pub use limiter::KeyLimiter;
 pub use proxy::{IpNet, IpNetError, PeerAddr, TrustedProxies};

@@ -76,3 +76,40 @@ fn limits_an_axum_router() {
     assert!(head.contains("ratelimit-policy: \"default\";q=4;w=60"), "{head}");
     assert_eq!(get_as(addr, "/", "admin").0, 200);
 }
+
+#[test]
+fn keys_by_client_ip_with_axum_connect_info() {
+    use axum::extract::ConnectInfo;
+    let quotas = StaticQuotas::from_iter([("127.0.0.1".to_string(), "2/min".parse().unwrap())]);
+    let limiter = KeyedLimiter::builder(TokenBucket, "1/min".parse().unwrap())
+        .source(quotas)
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::builder(limiter)
+        .key([KeyPart::ClientIp])
+        .peer_addr_with(|ext| ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0))
+        .build()
+        .unwrap();
+    let router = Router::new()
+        .route("/", get(|| async { "Hello World!" }))
+        .layer(layer);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            let service = router.into_make_service_with_connect_info::<SocketAddr>();
+            axum::serve(listener, service).await.unwrap();
+        });
+    });
+    let addr = rx.recv_timeout(Duration::from_secs(60)).unwrap();
+    let statuses: Vec<u16> = (0..3).map(|_| get_as(addr, "/", "anyone").0).collect();
+    // Keyed by 127.0.0.1 (quota 2/min), not by the header and not as ANONYMOUS (1/min).
+    assert_eq!(statuses, [200, 200, 429]);
+    let (_, head, _) = get_as(addr, "/", "anyone");
+    assert!(head.contains("ratelimit-policy: \"default\";q=2;w=60"), "{head}");
+}

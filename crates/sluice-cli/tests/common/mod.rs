@@ -116,10 +116,10 @@ impl Server {
         wait_until(&format!("log line {text:?}"), || self.stderr().contains(text));
     }
 
-    /// Sends SIGTERM and waits for the process to exit.
-    pub fn terminate(&mut self) -> ExitStatus {
+    /// Sends a signal (`TERM`, `INT`) and waits for the process to exit.
+    pub fn signal(&mut self, name: &str) -> ExitStatus {
         let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
+            .args([&format!("-{name}"), &self.child.id().to_string()])
             .status()
             .unwrap();
         assert!(status.success());
@@ -128,7 +128,7 @@ impl Server {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status;
             }
-            assert!(Instant::now() < deadline, "server did not exit after SIGTERM");
+            assert!(Instant::now() < deadline, "server did not exit after SIG{name}");
             std::thread::sleep(Duration::from_millis(20));
         }
     }
