@@ -234,7 +234,11 @@ async fn main() -> Result<(), Error> {
             })
             .await;
             hybrids.push(decisions / seconds);
-            let (c, s, h) = (ceilings[ceilings.len() - 1], stricts[stricts.len() - 1], decisions / seconds);
+            let (c, s, h) = (
+                ceilings[ceilings.len() - 1],
+                stricts[stricts.len() - 1],
+                decisions / seconds,
+            );
             strict_ratios.push(s / c);
             hybrid_ratios.push(h / s);
         }
