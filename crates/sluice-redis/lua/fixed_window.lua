@@ -12,8 +12,8 @@ local until_end = window - into
 local used = 0
 local stored = redis.call('GET', KEYS[1])
 if stored then
-  local w, n = string.match(stored, '^(%S+) (%S+)$')
-  if tonumber(w) == index then used = tonumber(n) end
+  local space = string.find(stored, ' ', 1, true)
+  if tonumber(string.sub(stored, 1, space - 1)) == index then used = tonumber(string.sub(stored, space + 1)) end
 end
 local reset = until_end
 if used == 0 then reset = 0 end

@@ -39,9 +39,10 @@ pub struct HybridMetrics {
     pub keys: u64,
     /// Checks admitted from the local allowance.
     pub local_allowed: u64,
-    /// Checks denied because the local allowance was spent.
+    /// Checks denied locally: the allowance was spent and Redis had no room at the last contact.
     pub local_denied: u64,
-    /// Checks sent to Redis (a key's first check, or a cost above one interval's allowance).
+    /// Checks sent to Redis: a key's first check, a cost above one interval's allowance, or
+    /// the allowance spent while Redis still reported room.
     pub strict_checks: u64,
     /// Sync rounds run.
     pub syncs: u64,
@@ -216,7 +217,10 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> HybridLimiter<A, S> {
     }
 
     /// Checks `cost` units for `key`: from the local allowance when the key is held, else
-    /// (its first check, or a cost above one interval's allowance) strictly through Redis.
+    /// (its first check, a cost above one interval's allowance, or the allowance spent while
+    /// Redis reported room) strictly through Redis. A local decision's `remaining` is what is
+    /// left of this host's allowance, its `reset_after` as of the last sync, and a local
+    /// denial's `retry_after` the time until the next sync.
     ///
     /// # Errors
     /// As [`RedisLimiter::check_n`].

@@ -188,11 +188,10 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiterBuilder<A, S> {
             }
         }
         let source = Arc::new(self.source);
-        let spawner = tokio::runtime::Handle::try_current().ok();
+        // Quota fetches that do not finish at once run on the store's runtime.
+        let runtime = store.runtime().clone();
         let spawn = move |task| {
-            if let Some(handle) = &spawner {
-                handle.spawn(task);
-            }
+            runtime.spawn(task);
         };
         let book = KeyedLimiter::builder(FixedWindow, self.failsafe)
             .source(Shared(Arc::clone(&source)))
@@ -399,7 +398,10 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiter<A, S> {
         let args = [cost, i64::from(force), now, a, b, c];
         let reply = self.inner.store.eval(plan.kind.script(), &keys, &args).await?;
         self.inner.counters.redis_checks.fetch_add(1, Ordering::Relaxed);
-        plan.decision(&reply).ok_or(CallError::BadReply(reply))
+        plan.decision(&reply).ok_or_else(|| {
+            tracing::error!(key, ?reply, "unexpected script reply; the failure policy answers");
+            CallError::BadReply(reply)
+        })
     }
 
     /// The decision of the failure policy for a check Redis did not answer.

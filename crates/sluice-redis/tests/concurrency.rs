@@ -20,7 +20,7 @@ async fn three_hosts_hold_at_most_the_capacity_and_dead_holders_leases_expire() 
             store,
             "jobs",
             5,
-            Duration::from_millis(400),
+            Duration::from_secs(3),
         ));
     }
     // 30 concurrent attempts: exactly 5 permits granted.
@@ -58,7 +58,7 @@ async fn three_hosts_hold_at_most_the_capacity_and_dead_holders_leases_expire() 
     }
     support::wait_until_async(
         "dead holders' leases to expire",
-        Duration::from_secs(10),
+        Duration::from_secs(30),
         || async {
             match hosts[2].acquire(4).await {
                 Ok(p) => {

@@ -73,22 +73,45 @@ impl RedisServer {
         server
     }
 
+    /// Starts the server; if its port was taken meanwhile (another test picked the same free
+    /// port), moves to another one.
     fn spawn(&mut self) {
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(&self.dir)
-            .args(&self.extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start redis-server");
-        self.child = Some(child);
-        let port = self.port;
-        wait_until("redis-server to listen", Duration::from_secs(10), || {
-            TcpStream::connect(("127.0.0.1", port)).is_ok() && self.cli(&["PING"]).trim() == "PONG"
-        });
+        for _ in 0..5 {
+            let mut child = Command::new("redis-server")
+                .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no"])
+                .arg("--dir")
+                .arg(&self.dir)
+                .args(&self.extra)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start redis-server");
+            let pid = format!("process_id:{}", child.id());
+            let port = self.port;
+            let start = Instant::now();
+            let mut ours = false;
+            while start.elapsed() < Duration::from_secs(10) {
+                if matches!(child.try_wait(), Ok(Some(_))) {
+                    break;
+                }
+                if TcpStream::connect(("127.0.0.1", port)).is_ok()
+                    && self.cli(&["INFO", "server"]).contains(&pid)
+                {
+                    ours = true;
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if ours {
+                self.child = Some(child);
+                return;
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            self.port = free_port();
+        }
+        panic!("could not start redis-server on a free port");
     }
 
     pub fn url(&self) -> String {
