@@ -15,6 +15,7 @@
 //! (TinyLFU admission, with a count-min sketch of recent keys). A flood of one-shot keys therefore cannot push out keys in use; a
 //! refused newcomer is decided on a fresh state and not stored.
 
+mod index;
 mod lock;
 mod refund;
 mod shard;
@@ -108,7 +109,7 @@ pub struct KeyedBuilder<K, A, S, C> {
 }
 
 impl<K, A, S, C> KeyedBuilder<K, A, S, C> {
-    /// The most keys held at once (default 100 000).
+    /// The most keys held at once (default 100 000; at most 16 777 215 per shard).
     pub fn capacity(mut self, entries: usize) -> Self {
         self.capacity = entries.max(1);
         self

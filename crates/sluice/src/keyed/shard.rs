@@ -4,8 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use hashbrown::HashTable;
-
+use super::index::{Index, MAX_ENTRIES};
 use super::sketch::FrequencySketch;
 use crate::{Algorithm, Quota};
 
@@ -117,7 +116,7 @@ const SAMPLE: usize = 8;
 const COLD: u64 = 1;
 
 pub(crate) struct Shard<K, A: Algorithm> {
-    pub(crate) index: HashTable<u32>,
+    index: Index,
     pub(crate) entries: Vec<Entry<K, A>>,
     sketch: FrequencySketch,
     capacity: usize,
@@ -130,8 +129,10 @@ pub(crate) struct Shard<K, A: Algorithm> {
 
 impl<K, A: Algorithm> Shard<K, A> {
     pub(crate) fn new(capacity: usize) -> Self {
+        // The index holds positions in 24 bits: a larger capacity needs more shards.
+        let capacity = capacity.min(MAX_ENTRIES);
         Self {
-            index: HashTable::new(),
+            index: Index::default(),
             entries: Vec::new(),
             sketch: FrequencySketch::new(capacity),
             capacity,
@@ -148,9 +149,7 @@ impl<K, A: Algorithm> Shard<K, A> {
         Q: Eq + ?Sized,
     {
         let entries = &self.entries;
-        self.index
-            .find(hash, |&i| entries[i as usize].key.borrow() == key)
-            .map(|&i| i as usize)
+        self.index.find(hash, |i| entries[i].key.borrow() == key)
     }
 
     /// Makes room for a newcomer with hash `hash`, evicting per the policy if full.
@@ -233,22 +232,20 @@ impl<K, A: Algorithm> Shard<K, A> {
             }
         };
         let entries = &self.entries;
-        self.index
-            .insert_unique(hash, i as u32, |&j| hash_of(&entries[j as usize].key));
+        self.index.insert(hash, i, |j| hash_of(&entries[j].key));
         i
     }
 
     /// Drops the index's pointer to the entry at `i`; the entry stays until overwritten.
     fn unindex(&mut self, i: usize, hash_of: &impl Fn(&K) -> u64) {
         let hash = hash_of(&self.entries[i].key);
-        if let Ok(found) = self.index.find_entry(hash, |&j| j as usize == i) {
-            found.remove();
-        }
+        let entries = &self.entries;
+        self.index.remove(hash, i, |j| hash_of(&entries[j].key));
     }
 
     pub(crate) fn heap_bytes(&self) -> usize {
         self.entries.capacity() * size_of::<Entry<K, A>>()
-            + self.index.capacity() * (size_of::<u32>() + 1)
+            + self.index.heap_bytes()
             + self.sketch.heap_bytes()
     }
 }
