@@ -164,13 +164,20 @@ impl Model for UnitLog {
             .filter(|&at| now - at < self.len)
             .collect();
         let used = live.len() as u64;
-        let reset = live.iter().max().map_or(0, |&at| at + self.len - now);
+        // `len - (now - at)`: `at + len` may pass u64::MAX near the end of the range.
+        let reset = live.iter().max().map_or(0, |&at| self.len - (now - at));
         if used + cost > self.limit {
             // The oldest `used + cost - limit` units must leave the window first.
             let mut sorted = live.clone();
             sorted.sort_unstable();
             let last_to_leave = sorted[(used + cost - self.limit - 1) as usize];
-            return (false, self.limit - used, reset, last_to_leave + self.len - now, 0);
+            return (
+                false,
+                self.limit - used,
+                reset,
+                self.len - (now - last_to_leave),
+                0,
+            );
         }
         self.admitted.extend(std::iter::repeat_n(now, cost as usize));
         let reset = if cost > 0 { self.len } else { reset };
