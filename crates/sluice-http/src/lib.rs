@@ -55,5 +55,5 @@ pub use key::{KeyPart, KeyPartError, MAX_KEY_LEN};
 pub use layer::{
     BuildError, EXCEEDED_BODY, PeerAddrReader, RateLimit, RateLimitBuilder, RateLimitLayer, ResponseFuture,
 };
-pub use limiter::KeyLimiter;
+pub use limiter::{CheckFuture, KeyLimiter};
 pub use proxy::{IpNet, IpNetError, PeerAddr, TrustedProxies};
