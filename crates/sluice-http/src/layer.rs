@@ -86,8 +86,8 @@ enum Verdict {
     Pass(Option<RateFields>),
     Deny(RateFields),
     BadKey(KeyRejection),
-    /// The limiter answers later; the key's quota is taken now, while the key is at hand.
-    Wait(CheckFuture, Option<Quota>),
+    /// The limiter answers later; the key is kept to read its quota then.
+    Wait(CheckFuture, Box<str>),
 }
 
 impl Policy {
@@ -115,7 +115,7 @@ impl Policy {
         let cost = self.costs.cost(request.method(), request.uri().path());
         match self.limiter.check(key, cost).into_ready() {
             Ok(answer) => self.verdict(answer, || self.limiter.quota(key)),
-            Err(pending) => Verdict::Wait(pending, self.limiter.quota(key)),
+            Err(pending) => Verdict::Wait(pending, key.into()),
         }
     }
 
@@ -451,7 +451,7 @@ where
             Verdict::BadKey(rejection) => Kind::Ready {
                 response: Some(Policy::bad_key(rejection)),
             },
-            Verdict::Wait(check, quota) => {
+            Verdict::Wait(check, key) => {
                 // The service made ready by `poll_ready` goes with the request; a fresh clone
                 // stays here for the next `poll_ready` (tower's clone-and-replace).
                 let fresh = self.inner.clone();
@@ -461,7 +461,7 @@ where
                     waiting: Some(Waiting {
                         inner: ready,
                         request,
-                        quota,
+                        key,
                         policy: Arc::clone(&self.policy),
                     }),
                 }
@@ -475,7 +475,7 @@ where
 struct Waiting<S, ReqBody> {
     inner: S,
     request: Request<ReqBody>,
-    quota: Option<Quota>,
+    key: Box<str>,
     policy: Arc<Policy>,
 }
 
@@ -520,8 +520,8 @@ where
                     let Some(mut waiting) = waiting.take() else {
                         return Poll::Ready(Ok(server_error()));
                     };
-                    let quota = waiting.quota;
-                    match waiting.policy.verdict(answer, || quota) {
+                    let policy = Arc::clone(&waiting.policy);
+                    match policy.verdict(answer, || policy.limiter.quota(&waiting.key)) {
                         Verdict::Pass(fields) => Kind::Inner {
                             future: waiting.inner.call(waiting.request),
                             fields: fields.map(|f| f.render(&waiting.policy.policy_name)),
