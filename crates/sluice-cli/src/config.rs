@@ -602,6 +602,23 @@ mod tests {
     }
 
     #[test]
+    fn the_commented_redis_example_is_valid() {
+        let start = DEFAULT_CONFIG.find("# redis:").unwrap();
+        let example: String = DEFAULT_CONFIG[start..]
+            .lines()
+            .map(|line| format!("{}\n", line.strip_prefix("# ").unwrap_or(line)))
+            .collect();
+        let s = parse(&format!("{}{example}", &DEFAULT_CONFIG[..start])).unwrap();
+        assert_eq!(
+            s.limiter.redis,
+            Some(RedisSettings {
+                url: Some("redis://127.0.0.1:6379".into()),
+                ..RedisSettings::default()
+            })
+        );
+    }
+
+    #[test]
     fn durations() {
         assert_eq!(duration("f", "100ms").unwrap(), Duration::from_millis(100));
         assert_eq!(duration("f", "1.5s").unwrap(), Duration::from_millis(1500));
