@@ -142,3 +142,34 @@ fn a_redis_section_without_a_url_needs_the_flag() {
     assert!(!out.status.success());
     assert!(stderr.contains("sluice: redis.url: not set"), "{stderr}");
 }
+
+#[test]
+fn the_configured_policy_answers_while_redis_is_down_and_redis_decides_again_after() {
+    let mut redis = RedisServer::start();
+    let dir = TempDir::new();
+    let text = config("token_bucket")
+        .replace("fail_closed", "fail_open")
+        .replace("timeout: 2s", "timeout: 200ms");
+    let file = dir.write("sluice.yaml", &text);
+    let server = Server::start(&["--config", file.to_str().unwrap(), "--redis", &redis.url()]);
+    let mut client = server.client();
+    let account = Some("shared@example.com");
+    let statuses: Vec<u16> = (0..6).map(|_| client.as_account(account).status).collect();
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429]);
+
+    redis.kill();
+    // fail_open: admitted while Redis does not answer, and the server stays up.
+    for _ in 0..3 {
+        assert_eq!(client.as_account(account).status, 200);
+    }
+
+    // Restarted empty: once the server probes it again, Redis counts afresh and denies the sixth.
+    redis.restart();
+    common::wait_until("a denial decided by Redis again", || {
+        client.as_account(account).status == 429
+    });
+    assert!(
+        !redis.cli(&["KEYS", "*"]).trim().is_empty(),
+        "Redis holds the count again"
+    );
+}

@@ -458,12 +458,12 @@ where
                 let ready = std::mem::replace(&mut self.inner, fresh);
                 Kind::Checking {
                     check,
-                    waiting: Some(Waiting {
+                    waiting: Some(Box::new(Waiting {
                         inner: ready,
                         request,
                         key,
                         policy: Arc::clone(&self.policy),
-                    }),
+                    })),
                 }
             }
         };
@@ -498,7 +498,8 @@ pin_project! {
     where
         S: Service<Request<ReqBody>>,
     {
-        Checking { check: CheckFuture, waiting: Option<Waiting<S, ReqBody>> },
+        // Boxed: only remote stores wait, and the in-memory future stays small.
+        Checking { check: CheckFuture, waiting: Option<Box<Waiting<S, ReqBody>>> },
         Inner { #[pin] future: S::Future, fields: Option<Rendered> },
         Ready { response: Option<Response<ResBody>> },
     }
@@ -517,17 +518,22 @@ where
             let next = match kind.as_mut().project() {
                 KindProj::Checking { check, waiting } => {
                     let answer = std::task::ready!(Pin::new(check).poll(cx));
-                    let Some(mut waiting) = waiting.take() else {
+                    let Some(waiting) = waiting.take() else {
                         return Poll::Ready(Ok(server_error()));
                     };
-                    let policy = Arc::clone(&waiting.policy);
-                    match policy.verdict(answer, || policy.limiter.quota(&waiting.key)) {
+                    let Waiting {
+                        mut inner,
+                        request,
+                        key,
+                        policy,
+                    } = *waiting;
+                    match policy.verdict(answer, || policy.limiter.quota(&key)) {
                         Verdict::Pass(fields) => Kind::Inner {
-                            future: waiting.inner.call(waiting.request),
-                            fields: fields.map(|f| f.render(&waiting.policy.policy_name)),
+                            future: inner.call(request),
+                            fields: fields.map(|f| f.render(&policy.policy_name)),
                         },
                         Verdict::Deny(fields) => Kind::Ready {
-                            response: Some(waiting.policy.denied(fields)),
+                            response: Some(policy.denied(fields)),
                         },
                         // A verdict on an answer is never about the key or a wait.
                         Verdict::BadKey(_) | Verdict::Wait(..) => Kind::Ready {
