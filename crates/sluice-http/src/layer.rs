@@ -287,8 +287,10 @@ impl RateLimitBuilder {
 /// `400` and never reaches the limiter. For client-IP keys the server puts a [`PeerAddr`] in
 /// the request's extensions.
 ///
-/// Works with any `Service<http::Request<B>, Response = http::Response<R>>` whose body `R`
-/// can be made from a `&'static str` (axum's `Body`, `http_body_util::Full<Bytes>`...).
+/// Works with any `Clone` `Service<http::Request<B>, Response = http::Response<R>>` whose
+/// body `R` can be made from a `&'static str` (axum's `Body`, `http_body_util::Full<Bytes>`...).
+/// With a store that answers later ([`CheckFuture::pending`]) the request waits in the
+/// response future and goes on to the service made ready by `poll_ready` (a clone stays).
 ///
 /// # Example
 /// ```
