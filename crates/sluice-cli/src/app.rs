@@ -20,7 +20,10 @@ use tokio::runtime::Handle;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::config::{AlgorithmKind, LimiterSettings, Settings};
+use sluice_redis::{FailurePolicy, RedisAlgorithm, RedisLimiter, RedisOptions};
+
+use crate::config::{AlgorithmKind, LimiterSettings, RedisPolicy, RedisSettings, Settings};
+use crate::shared::Shared;
 
 /// The service behind the limiter: `200 Hello World!`.
 #[derive(Debug, Clone, Copy)]
@@ -49,6 +52,17 @@ pub enum AppError {
     /// The layer refused a setting.
     #[error(transparent)]
     Layer(#[from] BuildError),
+    /// The `redis:` section gives no URL and no `--redis` was given.
+    #[error("redis.url: not set (give it in the config or with --redis URL)")]
+    NoRedisUrl,
+    /// Redis could not be used at start-up (`field` is `redis.url` or `--redis`).
+    #[error("{field}: {source}")]
+    Redis {
+        /// Where the URL came from.
+        field: &'static str,
+        /// What went wrong.
+        source: sluice_redis::Error,
+    },
 }
 
 /// Quotas by key, swapped whole when the config changes.
@@ -66,23 +80,40 @@ pub struct App {
 }
 
 impl App {
-    /// A new app with a new limiter. Must run inside a tokio runtime (fetches are spawned on it).
-    pub fn new(settings: &Settings) -> Result<Self, AppError> {
+    /// A new app with a new limiter (connecting to Redis if the settings say so). Must run
+    /// inside a tokio runtime (fetches are spawned on it). `url_field` names where the Redis
+    /// URL came from, for errors.
+    pub async fn new(settings: &Settings, url_field: &'static str) -> Result<Self, AppError> {
         let accounts: Accounts = Arc::new(ArcSwap::from_pointee(settings.accounts.clone()));
-        let limiter = build_limiter(&settings.limiter, Arc::clone(&accounts))?;
+        let limiter = match &settings.limiter.redis {
+            None => build_limiter(&settings.limiter, Arc::clone(&accounts))?,
+            Some(redis) => build_shared(&settings.limiter, redis, Arc::clone(&accounts))
+                .await
+                .map_err(|source| match source {
+                    SharedError::NoUrl => AppError::NoRedisUrl,
+                    SharedError::Redis(source) => AppError::Redis {
+                        field: url_field,
+                        source,
+                    },
+                })?,
+        };
         Self::with_limiter(settings, limiter, accounts)
     }
 
     /// The app for changed settings. The limiter and its counts are kept when its own
     /// settings are unchanged (new account quotas reach held keys at their next refresh);
     /// otherwise a new limiter starts afresh. Returns whether the limiter was kept.
-    pub fn reload(&self, settings: &Settings) -> Result<(Self, bool), AppError> {
+    pub async fn reload(
+        &self,
+        settings: &Settings,
+        url_field: &'static str,
+    ) -> Result<(Self, bool), AppError> {
         if settings.limiter == self.limiter_settings {
             self.accounts.store(Arc::new(settings.accounts.clone()));
             let app = Self::with_limiter(settings, Arc::clone(&self.limiter), Arc::clone(&self.accounts))?;
             Ok((app, true))
         } else {
-            Ok((Self::new(settings)?, false))
+            Ok((Self::new(settings, url_field).await?, false))
         }
     }
 
@@ -120,14 +151,10 @@ fn build_limiter(settings: &LimiterSettings, accounts: Accounts) -> Result<Arc<d
     }
 }
 
-fn keyed<A: Algorithm>(
-    algorithm: A,
-    settings: &LimiterSettings,
-    accounts: Accounts,
-) -> Result<Arc<dyn KeyLimiter>, QuotaError> {
+/// The quota fetch: a look-up in the accounts, after the simulated latency.
+fn source(settings: &LimiterSettings, accounts: Accounts) -> impl sluice::QuotaSource<String> {
     let latency = settings.fetch_latency;
-    // The quota fetch: a look-up in the accounts, after the simulated latency.
-    let source = FnSource(move |key: &String| {
+    FnSource(move |key: &String| {
         let quota = accounts.load().get(key).copied();
         async move {
             if !latency.is_zero() {
@@ -135,7 +162,67 @@ fn keyed<A: Algorithm>(
             }
             FetchResult::Ok(quota)
         }
-    });
+    })
+}
+
+enum SharedError {
+    NoUrl,
+    Redis(sluice_redis::Error),
+}
+
+async fn build_shared(
+    settings: &LimiterSettings,
+    redis: &RedisSettings,
+    accounts: Accounts,
+) -> Result<Arc<dyn KeyLimiter>, SharedError> {
+    match settings.algorithm {
+        AlgorithmKind::TokenBucket => shared(TokenBucket, settings, redis, accounts).await,
+        AlgorithmKind::FixedWindow => shared(FixedWindow, settings, redis, accounts).await,
+        AlgorithmKind::SlidingWindowLog => shared(SlidingWindowLog, settings, redis, accounts).await,
+        AlgorithmKind::SlidingWindowCounter => shared(SlidingWindowCounter, settings, redis, accounts).await,
+        // Refused when the config is checked; kept in memory should a caller skip the check.
+        AlgorithmKind::LeakyBucket => keyed(LeakyBucket::meter(), settings, accounts)
+            .map_err(|e| SharedError::Redis(sluice_redis::Error::Quota(e))),
+    }
+}
+
+async fn shared<A: RedisAlgorithm>(
+    algorithm: A,
+    settings: &LimiterSettings,
+    redis: &RedisSettings,
+    accounts: Accounts,
+) -> Result<Arc<dyn KeyLimiter>, SharedError> {
+    let url = redis.url.as_deref().ok_or(SharedError::NoUrl)?;
+    let policy = match redis.policy {
+        RedisPolicy::FailOpen => FailurePolicy::FailOpen,
+        RedisPolicy::FailClosed => FailurePolicy::FailClosed,
+        RedisPolicy::LocalShare => FailurePolicy::LocalShare,
+    };
+    let options = RedisOptions {
+        timeout: redis.timeout,
+        ..RedisOptions::default()
+    };
+    let limiter = RedisLimiter::builder(algorithm, settings.failsafe)
+        .source(source(settings, accounts))
+        .unknown_key_quota(settings.unknown)
+        .policy(policy)
+        .hosts(redis.hosts)
+        .prefix(redis.prefix.clone())
+        .key_capacity(settings.capacity)
+        .refresh_every(settings.refresh)
+        .connect(url, options)
+        .await
+        .map_err(SharedError::Redis)?;
+    tracing::info!(url, policy = ?redis.policy, hosts = redis.hosts, "limits shared through Redis");
+    Ok(Arc::new(Shared(limiter)))
+}
+
+fn keyed<A: Algorithm>(
+    algorithm: A,
+    settings: &LimiterSettings,
+    accounts: Accounts,
+) -> Result<Arc<dyn KeyLimiter>, QuotaError> {
+    let source = source(settings, accounts);
     let runtime = Handle::current();
     let limiter = KeyedLimiter::builder(algorithm, settings.failsafe)
         .capacity(settings.capacity)

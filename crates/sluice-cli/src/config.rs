@@ -53,6 +53,7 @@ struct RawConfig {
     bypass: Vec<String>,
     accounts: BTreeMap<String, String>,
     costs: Vec<RawCost>,
+    redis: Option<RawRedis>,
 }
 
 impl Default for RawConfig {
@@ -72,6 +73,29 @@ impl Default for RawConfig {
             bypass: Vec::new(),
             accounts: BTreeMap::new(),
             costs: Vec::new(),
+            redis: None,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawRedis {
+    url: Option<String>,
+    policy: String,
+    hosts: u64,
+    timeout: String,
+    prefix: String,
+}
+
+impl Default for RawRedis {
+    fn default() -> Self {
+        Self {
+            url: None,
+            policy: "local_share".into(),
+            hosts: 1,
+            timeout: "50ms".into(),
+            prefix: "sluice".into(),
         }
     }
 }
@@ -145,6 +169,115 @@ impl AlgorithmKind {
     }
 }
 
+/// What a check answers when Redis does not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RedisPolicy {
+    /// Admit.
+    FailOpen,
+    /// Deny.
+    FailClosed,
+    /// This server's share of the quota (`quota / hosts`), in memory.
+    LocalShare,
+}
+
+const REDIS_POLICIES: &str = "fail_open, fail_closed, local_share";
+
+/// Limits shared through Redis (the `redis:` section, or `--redis URL`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisSettings {
+    /// Where Redis is (`None` until `--redis` gives it).
+    pub url: Option<String>,
+    /// The answer while Redis does not answer.
+    pub policy: RedisPolicy,
+    /// How many servers share the limits (the local share is `quota / hosts`).
+    pub hosts: u64,
+    /// The longest a check waits for Redis.
+    pub timeout: Duration,
+    /// The prefix of every Redis key.
+    pub prefix: String,
+}
+
+impl Default for RedisSettings {
+    fn default() -> Self {
+        Self {
+            url: None,
+            policy: RedisPolicy::LocalShare,
+            hosts: 1,
+            timeout: Duration::from_millis(50),
+            prefix: "sluice".into(),
+        }
+    }
+}
+
+/// Sets (or overrides) the Redis URL, as `--redis URL` does.
+pub fn with_redis_url(mut settings: Settings, url: &str) -> Result<Settings, ConfigError> {
+    check_redis_url("--redis", url)?;
+    check_redis_algorithm("--redis", settings.limiter.algorithm)?;
+    let redis = settings.limiter.redis.get_or_insert_with(RedisSettings::default);
+    redis.url = Some(url.to_string());
+    Ok(settings)
+}
+
+fn check_redis_url(field: &str, url: &str) -> Result<(), ConfigError> {
+    let schemes = ["redis://", "unix://", "redis+unix://"];
+    if schemes.iter().any(|scheme| url.starts_with(scheme)) {
+        Ok(())
+    } else {
+        Err(error(
+            field,
+            format!("invalid Redis URL {url:?}: expected redis://HOST[:PORT][/DB] or unix://PATH"),
+        ))
+    }
+}
+
+fn check_redis_algorithm(field: &str, algorithm: AlgorithmKind) -> Result<(), ConfigError> {
+    if algorithm == AlgorithmKind::LeakyBucket {
+        return Err(error(
+            field,
+            "the leaky_bucket algorithm has no Redis backend: use token_bucket, fixed_window, \
+             sliding_window_log or sliding_window_counter",
+        ));
+    }
+    Ok(())
+}
+
+impl RawRedis {
+    fn check(self, algorithm: AlgorithmKind) -> Result<RedisSettings, ConfigError> {
+        if let Some(url) = &self.url {
+            check_redis_url("redis.url", url)?;
+        }
+        check_redis_algorithm("redis", algorithm)?;
+        let policy = match self.policy.as_str() {
+            "fail_open" => RedisPolicy::FailOpen,
+            "fail_closed" => RedisPolicy::FailClosed,
+            "local_share" => RedisPolicy::LocalShare,
+            other => {
+                return Err(error(
+                    "redis.policy",
+                    format!("unknown policy {other:?}: expected one of {REDIS_POLICIES}"),
+                ));
+            }
+        };
+        if self.hosts == 0 {
+            return Err(error("redis.hosts", "must be at least 1"));
+        }
+        let timeout = duration("redis.timeout", &self.timeout)?;
+        if timeout.is_zero() {
+            return Err(error("redis.timeout", "must be longer than 0"));
+        }
+        if self.prefix.is_empty() {
+            return Err(error("redis.prefix", "must not be empty"));
+        }
+        Ok(RedisSettings {
+            url: self.url,
+            policy,
+            hosts: self.hosts,
+            timeout,
+            prefix: self.prefix,
+        })
+    }
+}
+
 /// What shapes the keyed limiter itself; a change to any of these needs a new limiter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LimiterSettings {
@@ -160,6 +293,8 @@ pub struct LimiterSettings {
     pub refresh: Duration,
     /// The most keys held at once.
     pub capacity: usize,
+    /// Limits shared through Redis instead of held in memory.
+    pub redis: Option<RedisSettings>,
 }
 
 /// A checked config.
@@ -310,6 +445,7 @@ impl RawConfig {
             fetch_latency: duration("fetch_latency", &self.fetch_latency)?,
             refresh: duration("refresh", &self.refresh)?,
             capacity: self.capacity,
+            redis: self.redis.map(|r| r.check(algorithm)).transpose()?,
         };
         if limiter.refresh.is_zero() {
             return Err(error("refresh", "must be longer than 0"));
@@ -435,11 +571,51 @@ mod tests {
             ("costs:\n  - {path: api, cost: 2}\n", "costs[0].path"),
             ("algorithm: magic\n", "algorithm"),
             ("listen: here\n", "listen"),
+            ("redis:\n  policy: retry\n", "redis.policy"),
+            ("redis:\n  url: http://x\n", "redis.url"),
+            ("redis:\n  hosts: 0\n", "redis.hosts"),
+            ("redis:\n  timeout: 0s\n", "redis.timeout"),
+            ("redis:\n  db: 1\n", "redis.db"),
+            ("algorithm: leaky_bucket\nredis: {}\n", "redis"),
         ];
         for (text, field) in cases {
             let e = parse(text).unwrap_err();
             assert_eq!(e.field, field, "{text:?} gave {e}");
         }
+    }
+
+    #[test]
+    fn the_redis_section_and_the_flag() {
+        let s = parse(
+            "redis:\n  url: redis://127.0.0.1:6390\n  policy: fail_closed\n  hosts: 3\n  timeout: 20ms\n",
+        )
+        .unwrap();
+        let redis = s.limiter.redis.clone().unwrap();
+        assert_eq!(redis.url.as_deref(), Some("redis://127.0.0.1:6390"));
+        assert_eq!(redis.policy, RedisPolicy::FailClosed);
+        assert_eq!((redis.hosts, redis.timeout), (3, Duration::from_millis(20)));
+        let s = with_redis_url(s, "redis://10.0.0.1").unwrap();
+        assert_eq!(s.limiter.redis.unwrap().url.as_deref(), Some("redis://10.0.0.1"));
+        assert!(parse(DEFAULT_CONFIG).unwrap().limiter.redis.is_none());
+        let e = with_redis_url(parse("").unwrap(), "localhost:6379").unwrap_err();
+        assert_eq!(e.field, "--redis");
+    }
+
+    #[test]
+    fn the_commented_redis_example_is_valid() {
+        let start = DEFAULT_CONFIG.find("# redis:").unwrap();
+        let example: String = DEFAULT_CONFIG[start..]
+            .lines()
+            .map(|line| format!("{}\n", line.strip_prefix("# ").unwrap_or(line)))
+            .collect();
+        let s = parse(&format!("{}{example}", &DEFAULT_CONFIG[..start])).unwrap();
+        assert_eq!(
+            s.limiter.redis,
+            Some(RedisSettings {
+                url: Some("redis://127.0.0.1:6379".into()),
+                ..RedisSettings::default()
+            })
+        );
     }
 
     #[test]

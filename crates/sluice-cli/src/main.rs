@@ -4,6 +4,7 @@
 mod app;
 mod config;
 mod server;
+mod shared;
 
 use std::io::IsTerminal as _;
 use std::net::SocketAddr;
@@ -52,6 +53,10 @@ struct ServeArgs {
     /// Worker threads (default: one per core).
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
+    /// Share limits with every server on this Redis (sets or overrides the config's
+    /// `redis.url`), e.g. redis://127.0.0.1:6379.
+    #[arg(long, value_name = "URL")]
+    redis: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -108,6 +113,10 @@ fn serve(args: ServeArgs) -> Result<(), String> {
             (settings, None)
         }
     };
+    let settings = match &args.redis {
+        Some(url) => config::with_redis_url(settings, url).map_err(|e| e.to_string())?,
+        None => settings,
+    };
     let threads = match args.threads {
         Some(0) => return Err("--threads: must be at least 1".into()),
         Some(n) => n,
@@ -122,6 +131,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         settings,
         config_file,
         listen: args.listen,
+        redis_url: args.redis,
     };
     runtime.block_on(async {
         let shutdown = shutdown_signal()?;

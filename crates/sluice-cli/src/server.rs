@@ -2,7 +2,7 @@
 //! `Hello World!`, config reload, graceful shutdown.
 
 use std::convert::Infallible;
-use std::future::{Future, Ready};
+use std::future::Future;
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -19,7 +19,7 @@ use sluice_http::PeerAddr;
 use tokio::net::TcpListener;
 use tower_service::Service as _;
 
-use crate::app::App;
+use crate::app::{App, Hello};
 use crate::config::{self, Settings};
 
 /// How long in-flight requests may take to finish after a shutdown signal.
@@ -52,6 +52,17 @@ pub struct ServeOptions {
     pub config_file: Option<(PathBuf, Vec<u8>)>,
     /// Overrides the config's listen address (and makes reloads ignore it).
     pub listen: Option<SocketAddr>,
+    /// Sets or overrides the config's Redis URL (`--redis`), on reloads too.
+    pub redis_url: Option<String>,
+}
+
+/// Where the Redis URL comes from, for errors.
+fn url_field(redis_url: Option<&str>) -> &'static str {
+    if redis_url.is_some() {
+        "--redis"
+    } else {
+        "redis.url"
+    }
 }
 
 /// Serves until `shutdown` completes, then drains in-flight requests.
@@ -63,7 +74,8 @@ pub async fn serve(options: ServeOptions, shutdown: impl Future<Output = ()>) ->
     let bound = listener
         .local_addr()
         .map_err(|source| ServeError::Bind { addr, source })?;
-    let app = Arc::new(ArcSwap::from_pointee(App::new(&options.settings)?));
+    let field = url_field(options.redis_url.as_deref());
+    let app = Arc::new(ArcSwap::from_pointee(App::new(&options.settings, field).await?));
 
     if let Some((file, bytes)) = options.config_file {
         let fixed_listen = options.listen.is_some();
@@ -73,6 +85,7 @@ pub async fn serve(options: ServeOptions, shutdown: impl Future<Output = ()>) ->
             Arc::clone(&app),
             options.settings.listen,
             fixed_listen,
+            options.redis_url,
         );
         tokio::spawn(watch);
     }
@@ -142,7 +155,7 @@ type Body = http_body_util::Full<bytes::Bytes>;
 impl hyper::service::Service<Request<Incoming>> for Handler {
     type Response = http::Response<Body>;
     type Error = Infallible;
-    type Future = sluice_http::ResponseFuture<Ready<Result<Self::Response, Infallible>>, Body>;
+    type Future = sluice_http::ResponseFuture<Hello, Incoming, Body>;
 
     fn call(&self, mut request: Request<Incoming>) -> Self::Future {
         let app = self.app.load();
@@ -160,6 +173,7 @@ async fn watch_config(
     app: Arc<ArcSwap<App>>,
     mut listen: SocketAddr,
     fixed_listen: bool,
+    redis_url: Option<String>,
 ) {
     // Compared with what was actually parsed at start, so an edit made meanwhile is seen.
     let mut last = Some(running);
@@ -183,14 +197,22 @@ async fn watch_config(
             continue;
         }
         last = Some(bytes.clone());
-        let settings = match config::parse_bytes(&bytes) {
+        let parsed = config::parse_bytes(&bytes).and_then(|settings| match &redis_url {
+            Some(url) => config::with_redis_url(settings, url),
+            None => Ok(settings),
+        });
+        let settings = match parsed {
             Ok(settings) => settings,
             Err(e) => {
                 tracing::error!("{}: {e}; keeping the running config", file.display());
                 continue;
             }
         };
-        match app.load().reload(&settings) {
+        let reloaded = app
+            .load()
+            .reload(&settings, url_field(redis_url.as_deref()))
+            .await;
+        match reloaded {
             Ok((next, kept)) => {
                 app.store(Arc::new(next));
                 if !kept {

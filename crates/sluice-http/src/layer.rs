@@ -10,13 +10,13 @@ use std::task::{Context, Poll};
 use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{Request, Response, StatusCode};
 use pin_project_lite::pin_project;
-use sluice::CheckError;
+use sluice::{CheckError, Decision, Quota};
 use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::headers::{RateFields, Rendered, valid_policy_name};
 use crate::key::{KeyBuf, KeyPart, KeyRejection, KeySource, MAX_KEY_LEN};
-use crate::{KeyLimiter, PeerAddr, RouteCosts, TrustedProxies};
+use crate::{CheckFuture, KeyLimiter, PeerAddr, RouteCosts, TrustedProxies};
 
 /// The body of a 429 response.
 ///
@@ -86,6 +86,8 @@ enum Verdict {
     Pass(Option<RateFields>),
     Deny(RateFields),
     BadKey(KeyRejection),
+    /// The limiter answers later; the key is kept to read its quota then.
+    Wait(CheckFuture, Box<str>),
 }
 
 impl Policy {
@@ -111,16 +113,41 @@ impl Policy {
             return Verdict::Pass(None);
         }
         let cost = self.costs.cost(request.method(), request.uri().path());
-        match self.limiter.check(key, cost) {
-            Ok(decision) if decision.is_allowed() => Verdict::Pass(
-                self.headers_on_allow
-                    .then(|| RateFields::new(&decision, self.limiter.quota(key))),
-            ),
-            Ok(decision) => Verdict::Deny(RateFields::new(&decision, self.limiter.quota(key))),
+        match self.limiter.check(key, cost).into_ready() {
+            Ok(answer) => self.verdict(answer, || self.limiter.quota(key)),
+            Err(pending) => Verdict::Wait(pending, key.into()),
+        }
+    }
+
+    /// The verdict of a limiter's answer; `quota` is only asked for when fields are written.
+    fn verdict(
+        &self,
+        answer: Result<Decision, CheckError>,
+        quota: impl FnOnce() -> Option<Quota>,
+    ) -> Verdict {
+        match answer {
+            Ok(decision) if decision.is_allowed() => {
+                Verdict::Pass(self.headers_on_allow.then(|| RateFields::new(&decision, quota())))
+            }
+            Ok(decision) => Verdict::Deny(RateFields::new(&decision, quota())),
             Err(CheckError::CostExceedsCapacity { capacity, .. }) => {
-                Verdict::Deny(RateFields::never(self.limiter.quota(key), capacity))
+                Verdict::Deny(RateFields::never(quota(), capacity))
             }
         }
+    }
+
+    fn denied<B: From<&'static str>>(&self, fields: RateFields) -> Response<B> {
+        let mut response = plain(StatusCode::TOO_MANY_REQUESTS, EXCEEDED_BODY);
+        fields.render(&self.policy_name).write(response.headers_mut());
+        response
+    }
+
+    fn bad_key<B: From<&'static str>>(rejection: KeyRejection) -> Response<B> {
+        let body = match rejection {
+            KeyRejection::TooLong => "Key too long",
+            KeyRejection::NotText => "Key is not text",
+        };
+        plain(StatusCode::BAD_REQUEST, body)
     }
 }
 
@@ -260,8 +287,10 @@ impl RateLimitBuilder {
 /// `400` and never reaches the limiter. For client-IP keys the server puts a [`PeerAddr`] in
 /// the request's extensions.
 ///
-/// Works with any `Service<http::Request<B>, Response = http::Response<R>>` whose body `R`
-/// can be made from a `&'static str` (axum's `Body`, `http_body_util::Full<Bytes>`...).
+/// Works with any `Clone` `Service<http::Request<B>, Response = http::Response<R>>` whose
+/// body `R` can be made from a `&'static str` (axum's `Body`, `http_body_util::Full<Bytes>`...).
+/// With a store that answers later ([`CheckFuture::pending`]) the request waits in the
+/// response future and goes on to the service made ready by `poll_ready` (a clone stays).
 ///
 /// # Example
 /// ```
@@ -401,12 +430,12 @@ fn plain<B: From<&'static str>>(status: StatusCode, body: &'static str) -> Respo
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     ResBody: From<&'static str>,
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future, ResBody>;
+    type Future = ResponseFuture<S, ReqBody, ResBody>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -418,22 +447,25 @@ where
                 future: self.inner.call(request),
                 fields: fields.map(|f| f.render(&self.policy.policy_name)),
             },
-            Verdict::Deny(fields) => {
-                let mut response = plain(StatusCode::TOO_MANY_REQUESTS, EXCEEDED_BODY);
-                fields
-                    .render(&self.policy.policy_name)
-                    .write(response.headers_mut());
-                Kind::Ready {
-                    response: Some(response),
-                }
-            }
-            Verdict::BadKey(rejection) => {
-                let body = match rejection {
-                    KeyRejection::TooLong => "Key too long",
-                    KeyRejection::NotText => "Key is not text",
-                };
-                Kind::Ready {
-                    response: Some(plain(StatusCode::BAD_REQUEST, body)),
+            Verdict::Deny(fields) => Kind::Ready {
+                response: Some(self.policy.denied(fields)),
+            },
+            Verdict::BadKey(rejection) => Kind::Ready {
+                response: Some(Policy::bad_key(rejection)),
+            },
+            Verdict::Wait(check, key) => {
+                // The service made ready by `poll_ready` goes with the request; a fresh clone
+                // stays here for the next `poll_ready` (tower's clone-and-replace).
+                let fresh = self.inner.clone();
+                let ready = std::mem::replace(&mut self.inner, fresh);
+                Kind::Checking {
+                    check,
+                    waiting: Some(Box::new(Waiting {
+                        inner: ready,
+                        request,
+                        key,
+                        policy: Arc::clone(&self.policy),
+                    })),
                 }
             }
         };
@@ -441,47 +473,96 @@ where
     }
 }
 
+/// A request held back while the limiter decides, with what it needs afterwards.
+struct Waiting<S, ReqBody> {
+    inner: S,
+    request: Request<ReqBody>,
+    key: Box<str>,
+    policy: Arc<Policy>,
+}
+
 pin_project! {
     /// The response of [`RateLimit`]: the inner service's (with the rate-limit fields added)
     /// or the limiter's own 429 or 400. Returned by `RateLimit::call`; see
     /// [`RateLimitLayer`] for an example that polls it.
-    pub struct ResponseFuture<F, B> {
+    pub struct ResponseFuture<S, ReqBody, ResBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
         #[pin]
-        kind: Kind<F, B>,
+        kind: Kind<S, ReqBody, ResBody>,
     }
 }
 
 pin_project! {
     #[project = KindProj]
-    enum Kind<F, B> {
-        Inner { #[pin] future: F, fields: Option<Rendered> },
-        Ready { response: Option<Response<B>> },
+    enum Kind<S, ReqBody, ResBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        // Boxed: only remote stores wait, and the in-memory future stays small.
+        Checking { check: CheckFuture, waiting: Option<Box<Waiting<S, ReqBody>>> },
+        Inner { #[pin] future: S::Future, fields: Option<Rendered> },
+        Ready { response: Option<Response<ResBody>> },
     }
 }
 
-impl<F, B, E> Future for ResponseFuture<F, B>
+impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody, ResBody>
 where
-    F: Future<Output = Result<Response<B>, E>>,
-    B: From<&'static str>,
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: From<&'static str>,
 {
-    type Output = Result<Response<B>, E>;
+    type Output = Result<Response<ResBody>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().kind.project() {
-            KindProj::Inner { future, fields } => {
-                let mut response = std::task::ready!(future.poll(cx))?;
-                if let Some(fields) = fields.take() {
-                    fields.write(response.headers_mut());
+        let mut kind = self.project().kind;
+        loop {
+            let next = match kind.as_mut().project() {
+                KindProj::Checking { check, waiting } => {
+                    let answer = std::task::ready!(Pin::new(check).poll(cx));
+                    let Some(waiting) = waiting.take() else {
+                        return Poll::Ready(Ok(server_error()));
+                    };
+                    let Waiting {
+                        mut inner,
+                        request,
+                        key,
+                        policy,
+                    } = *waiting;
+                    match policy.verdict(answer, || policy.limiter.quota(&key)) {
+                        Verdict::Pass(fields) => Kind::Inner {
+                            future: inner.call(request),
+                            fields: fields.map(|f| f.render(&policy.policy_name)),
+                        },
+                        Verdict::Deny(fields) => Kind::Ready {
+                            response: Some(policy.denied(fields)),
+                        },
+                        // A verdict on an answer is never about the key or a wait.
+                        Verdict::BadKey(_) | Verdict::Wait(..) => Kind::Ready {
+                            response: Some(server_error()),
+                        },
+                    }
                 }
-                Poll::Ready(Ok(response))
-            }
-            // Polled again after completion: a contract breach by the caller; answer 500
-            // rather than panic.
-            KindProj::Ready { response } => Poll::Ready(Ok(response.take().unwrap_or_else(|| {
-                let mut r = Response::new(B::from(""));
-                *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
-                r
-            }))),
+                KindProj::Inner { future, fields } => {
+                    let mut response = std::task::ready!(future.poll(cx))?;
+                    if let Some(fields) = fields.take() {
+                        fields.write(response.headers_mut());
+                    }
+                    return Poll::Ready(Ok(response));
+                }
+                // Polled again after completion: a contract breach by the caller; answer 500
+                // rather than panic.
+                KindProj::Ready { response } => {
+                    return Poll::Ready(Ok(response.take().unwrap_or_else(server_error)));
+                }
+            };
+            kind.set(next);
         }
     }
+}
+
+fn server_error<B: From<&'static str>>() -> Response<B> {
+    let mut r = Response::new(B::from(""));
+    *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+    r
 }

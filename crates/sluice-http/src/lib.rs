@@ -37,6 +37,10 @@
 //! serve `into_make_service_with_connect_info::<SocketAddr>()` and read its `ConnectInfo`
 //! through [`RateLimitBuilder::peer_addr_with`].
 //!
+//! The store behind the layer is a [`KeyLimiter`]: the in-memory `KeyedLimiter` answers at
+//! once; a remote store (the `sluice` binary puts `sluice-redis` there) answers through a
+//! [`CheckFuture`], and the request waits for it before reaching the inner service.
+//!
 //! Hot path: building the key allocates nothing (a stack buffer when parts are joined or an
 //! address is printed), the only lock is the limiter's own, and the rate-limit fields are
 //! printed into one buffer.
@@ -55,5 +59,5 @@ pub use key::{KeyPart, KeyPartError, MAX_KEY_LEN};
 pub use layer::{
     BuildError, EXCEEDED_BODY, PeerAddrReader, RateLimit, RateLimitBuilder, RateLimitLayer, ResponseFuture,
 };
-pub use limiter::KeyLimiter;
+pub use limiter::{CheckFuture, KeyLimiter};
 pub use proxy::{IpNet, IpNetError, PeerAddr, TrustedProxies};

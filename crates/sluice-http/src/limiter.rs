@@ -1,9 +1,14 @@
 //! The seam between the middleware and a keyed limit store.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use sluice::{Algorithm, CheckError, Clock, Decision, KeyedLimiter, Quota, QuotaSource};
 
 /// A store of limits by key, as the middleware uses it. Implemented for sluice's
-/// [`KeyedLimiter`] with `String` keys; implement it to put another store behind the layer.
+/// [`KeyedLimiter`] with `String` keys (answers at once, allocation-free); implement it to put
+/// another store behind the layer, such as a remote one that answers later.
 ///
 /// # Example
 /// ```
@@ -11,19 +16,90 @@ use sluice::{Algorithm, CheckError, Clock, Decision, KeyedLimiter, Quota, QuotaS
 /// use sluice_http::KeyLimiter;
 /// let quotas = StaticQuotas::from_iter([("alice".to_string(), "1/s".parse()?)]);
 /// let limiter = KeyedLimiter::builder(TokenBucket, "10/s".parse()?).source(quotas).build()?;
-/// assert!(KeyLimiter::check(&limiter, "alice", 1)?.is_allowed());
+/// let decision = KeyLimiter::check(&limiter, "alice", 1).into_ready().ok().unwrap()?;
+/// assert!(decision.is_allowed());
 /// assert_eq!(KeyLimiter::quota(&limiter, "alice"), Some("1/s".parse()?));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub trait KeyLimiter: Send + Sync + 'static {
-    /// Checks `cost` units for `key`, consuming them if allowed.
+    /// Checks `cost` units for `key`, consuming them if allowed: at once
+    /// ([`CheckFuture::ready`]) or later ([`CheckFuture::pending`]).
     ///
-    /// # Errors
-    /// [`CheckError`] when the cost can never be admitted under the key's quota.
-    fn check(&self, key: &str, cost: u64) -> Result<Decision, CheckError>;
+    /// The answer is an error ([`CheckError`]) when the cost can never be admitted under the
+    /// key's quota.
+    fn check(&self, key: &str, cost: u64) -> CheckFuture;
 
     /// The quota `key` is governed by now, if known (used for the `RateLimit-Policy` field).
     fn quota(&self, key: &str) -> Option<Quota>;
+}
+
+type Answer = Result<Decision, CheckError>;
+
+/// The answer of [`KeyLimiter::check`]: known at once (an in-memory store; no allocation), or
+/// a boxed future (a remote store). The layer holds the request back until it completes.
+///
+/// # Example
+/// ```
+/// use sluice::Decision;
+/// use sluice_http::CheckFuture;
+/// let now = CheckFuture::ready(Ok(Decision::allowed(10, 9, 0)));
+/// assert!(now.into_ready().is_ok());
+/// let later = CheckFuture::pending(async { Ok(Decision::allowed(10, 9, 0)) });
+/// assert!(later.into_ready().is_err());
+/// ```
+#[must_use = "a check future does nothing unless polled"]
+pub struct CheckFuture(State);
+
+enum State {
+    Ready(Option<Answer>),
+    Pending(Pin<Box<dyn Future<Output = Answer> + Send>>),
+}
+
+impl CheckFuture {
+    /// An answer known now.
+    #[inline]
+    pub fn ready(answer: Result<Decision, CheckError>) -> Self {
+        Self(State::Ready(Some(answer)))
+    }
+
+    /// An answer that `future` will give.
+    pub fn pending(future: impl Future<Output = Result<Decision, CheckError>> + Send + 'static) -> Self {
+        Self(State::Pending(Box::pin(future)))
+    }
+
+    /// The answer if it is known now, or the future that will give it.
+    ///
+    /// # Errors
+    /// `self` again when the answer is still to come.
+    #[inline]
+    pub fn into_ready(self) -> Result<Result<Decision, CheckError>, Self> {
+        match self.0 {
+            State::Ready(Some(answer)) => Ok(answer),
+            state => Err(Self(state)),
+        }
+    }
+}
+
+impl std::fmt::Debug for CheckFuture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match &self.0 {
+            State::Ready(_) => "ready",
+            State::Pending(_) => "pending",
+        };
+        f.debug_tuple("CheckFuture").field(&state).finish()
+    }
+}
+
+impl Future for CheckFuture {
+    type Output = Result<Decision, CheckError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.0 {
+            State::Pending(future) => future.as_mut().poll(cx),
+            // Polled again after completion: the contract is broken; never answer twice.
+            State::Ready(answer) => answer.take().map_or(Poll::Pending, Poll::Ready),
+        }
+    }
 }
 
 impl<A, S, C> KeyLimiter for KeyedLimiter<String, A, S, C>
@@ -33,8 +109,8 @@ where
     C: Clock + 'static,
 {
     #[inline]
-    fn check(&self, key: &str, cost: u64) -> Result<Decision, CheckError> {
-        self.check_n(key, cost)
+    fn check(&self, key: &str, cost: u64) -> CheckFuture {
+        CheckFuture::ready(self.check_n(key, cost))
     }
 
     fn quota(&self, key: &str) -> Option<Quota> {

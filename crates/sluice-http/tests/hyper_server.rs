@@ -161,3 +161,66 @@ fn costs_above_capacity_are_denied_without_retry_after_and_fields_can_be_off_on_
     assert_eq!(r.status, 200);
     assert!(!r.head.contains("ratelimit"), "{}", r.head);
 }
+
+/// A store that answers later, as a remote one does: the in-memory limiter, one task switch
+/// away.
+struct Later(KeyedLimiter<String, TokenBucket, StaticQuotas<String>, sluice::ManualClock>);
+
+impl sluice_http::KeyLimiter for Later {
+    fn check(&self, key: &str, cost: u64) -> sluice_http::CheckFuture {
+        let (limiter, key) = (self.0.clone(), key.to_owned());
+        sluice_http::CheckFuture::pending(async move {
+            tokio::task::yield_now().await;
+            limiter.check_n(&key, cost)
+        })
+    }
+
+    fn quota(&self, key: &str) -> Option<sluice::Quota> {
+        self.0.quota_of(key)
+    }
+}
+
+#[test]
+fn a_store_that_answers_later_gives_the_same_responses() {
+    let build = || {
+        let quotas = StaticQuotas::from_iter([("alice".to_string(), "2/min".parse().unwrap())]);
+        KeyedLimiter::builder(TokenBucket, "2/min".parse().unwrap())
+            .source(quotas)
+            .unknown_key_quota("3/min".parse().unwrap())
+            .clock(sluice::ManualClock::new(0))
+            .build()
+            .unwrap()
+    };
+    let layer = |builder: sluice_http::RateLimitBuilder| {
+        builder
+            .key([KeyPart::Header("x-account-id".parse().unwrap())])
+            .max_key_len(32)
+            .bypass(["admin"])
+            .costs(RouteCosts::new([CostRule::new("/bulk", None, 6)]))
+            .build()
+            .unwrap()
+    };
+    let now = layer(RateLimitLayer::builder(build()));
+    let later = layer(RateLimitLayer::builder(Later(build())));
+    let mut to_now = connect(spawn_server(now.layer(Hello)));
+    let mut to_later = connect(spawn_server(later.layer(Hello)));
+    let long = format!("X-Account-ID: {}\r\n", "k".repeat(40));
+    let requests = [
+        ("/", "X-Account-ID: alice\r\n"),
+        ("/", "X-Account-ID: alice\r\n"),
+        ("/", "X-Account-ID: alice\r\n"),
+        ("/", "X-Account-ID: admin\r\n"),
+        ("/", long.as_str()),
+        ("/bulk", "X-Account-ID: bob\r\n"),
+        ("/", "X-Account-ID: bob\r\n"),
+        ("/", ""),
+    ];
+    let without_date = |head: &str| -> String { head.lines().filter(|l| !l.starts_with("date:")).collect() };
+    let mut statuses = Vec::new();
+    for (path, headers) in requests {
+        let (a, b) = (get(&mut to_now, path, headers), get(&mut to_later, path, headers));
+        assert_eq!(without_date(&a.head), without_date(&b.head), "{path} {headers:?}");
+        statuses.push(b.status);
+    }
+    assert_eq!(statuses, [200, 200, 429, 200, 400, 429, 200, 200]);
+}
