@@ -9,7 +9,12 @@ use axum::routing::get;
 use sluice::{KeyedLimiter, StaticQuotas, TokenBucket};
 use sluice_http::{CostRule, KeyPart, RateLimitLayer, RouteCosts};
 
-fn serve(router: Router) -> SocketAddr {
+/// Runs `serve` on a listener bound to a free port, on a runtime in a thread of its own.
+fn serve_on<F, Fut>(serve: F) -> SocketAddr
+where
+    F: FnOnce(tokio::net::TcpListener) -> Fut + Send + 'static,
+    Fut: Future<Output = ()>,
+{
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -19,10 +24,14 @@ fn serve(router: Router) -> SocketAddr {
         runtime.block_on(async move {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             tx.send(listener.local_addr().unwrap()).unwrap();
-            axum::serve(listener, router).await.unwrap();
+            serve(listener).await;
         });
     });
     rx.recv_timeout(Duration::from_secs(60)).unwrap()
+}
+
+fn serve(router: Router) -> SocketAddr {
+    serve_on(|listener| async move { axum::serve(listener, router).await.unwrap() })
 }
 
 /// One request on a fresh connection: the status line and the lower-cased head.
@@ -93,20 +102,10 @@ fn keys_by_client_ip_with_axum_connect_info() {
     let router = Router::new()
         .route("/", get(|| async { "Hello World!" }))
         .layer(layer);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            tx.send(listener.local_addr().unwrap()).unwrap();
-            let service = router.into_make_service_with_connect_info::<SocketAddr>();
-            axum::serve(listener, service).await.unwrap();
-        });
+    let addr = serve_on(|listener| async move {
+        let service = router.into_make_service_with_connect_info::<SocketAddr>();
+        axum::serve(listener, service).await.unwrap();
     });
-    let addr = rx.recv_timeout(Duration::from_secs(60)).unwrap();
     let statuses: Vec<u16> = (0..3).map(|_| get_as(addr, "/", "anyone").0).collect();
     // Keyed by 127.0.0.1 (quota 2/min), not by the header and not as ANONYMOUS (1/min).
     assert_eq!(statuses, [200, 200, 429]);
