@@ -1,10 +1,10 @@
 //! Waiting on a concurrency limiter: permits come back when guards drop, and wake the head.
 
-use std::sync::atomic::{AtomicUsize, Ordering, fence};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
+use std::sync::atomic::{Ordering, fence};
 use std::time::Duration;
 
-use super::queue::{Queue, Take};
+use super::queue::{CountedQueue, Queue, Take};
 use super::{Host, WaitError, WaitPolicy, acquire_blocking};
 use crate::{AcquireError, ConcurrencyLimiter};
 
@@ -34,8 +34,7 @@ pub struct WaitingConcurrency {
 struct Shared {
     limiter: ConcurrencyLimiter,
     policy: WaitPolicy,
-    queue: Mutex<Queue>,
-    waiters: AtomicUsize,
+    queue: CountedQueue,
 }
 
 impl std::fmt::Debug for Shared {
@@ -108,8 +107,7 @@ impl WaitingConcurrency {
             shared: Arc::new(Shared {
                 limiter: ConcurrencyLimiter::new(capacity),
                 policy,
-                queue: Mutex::new(Queue::default()),
-                waiters: AtomicUsize::new(0),
+                queue: CountedQueue::default(),
             }),
         }
     }
@@ -147,7 +145,7 @@ impl WaitingConcurrency {
     /// assert_eq!(WaitingConcurrency::new(8, WaitPolicy::wait()).waiters(), 0);
     /// ```
     pub fn waiters(&self) -> usize {
-        self.shared.waiters.load(Ordering::SeqCst)
+        self.shared.queue.waiters()
     }
 
     fn wrap(&self, permits: u64) -> QueuedPermit {
@@ -272,14 +270,10 @@ impl Host for Shared {
 
     #[inline]
     fn no_waiters(&self) -> bool {
-        self.waiters.load(Ordering::SeqCst) == 0
+        self.queue.no_waiters()
     }
 
     fn with_queue<R>(&self, f: impl FnOnce(&mut Queue) -> R) -> R {
-        // Nothing panics under the lock; a poisoned queue is still consistent.
-        let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-        let result = f(&mut queue);
-        self.waiters.store(queue.len(), Ordering::SeqCst);
-        result
+        self.queue.with(f)
     }
 }

@@ -1,10 +1,8 @@
 //! Waiting on a direct limiter.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use super::queue::{Queue, Take};
+use super::queue::{CountedQueue, Queue, Take};
 use super::{Host, WaitError, WaitPolicy, acquire_blocking};
 use crate::{Algorithm, CheckError, Clock, Decision, MonotonicClock, RateLimiter};
 
@@ -28,8 +26,7 @@ use crate::{Algorithm, CheckError, Clock, Decision, MonotonicClock, RateLimiter}
 pub struct WaitingLimiter<A: Algorithm, C: Clock = MonotonicClock> {
     limiter: RateLimiter<A, C>,
     policy: WaitPolicy,
-    queue: Mutex<Queue>,
-    waiters: AtomicUsize,
+    queue: CountedQueue,
 }
 
 impl<A: Algorithm, C: Clock> std::fmt::Debug for WaitingLimiter<A, C> {
@@ -67,8 +64,7 @@ impl<A: Algorithm, C: Clock> WaitingLimiter<A, C> {
         Self {
             limiter,
             policy,
-            queue: Mutex::new(Queue::default()),
-            waiters: AtomicUsize::new(0),
+            queue: CountedQueue::default(),
         }
     }
 
@@ -109,7 +105,7 @@ impl<A: Algorithm, C: Clock> WaitingLimiter<A, C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn waiters(&self) -> usize {
-        self.waiters.load(Ordering::SeqCst)
+        self.queue.waiters()
     }
 
     /// Permits (summed costs) waiting now.
@@ -247,14 +243,10 @@ impl<A: Algorithm, C: Clock> Host for WaitingLimiter<A, C> {
 
     #[inline]
     fn no_waiters(&self) -> bool {
-        self.waiters.load(Ordering::SeqCst) == 0
+        self.queue.no_waiters()
     }
 
     fn with_queue<R>(&self, f: impl FnOnce(&mut Queue) -> R) -> R {
-        // Nothing panics under the lock; a poisoned queue is still consistent.
-        let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-        let result = f(&mut queue);
-        self.waiters.store(queue.len(), Ordering::SeqCst);
-        result
+        self.queue.with(f)
     }
 }

@@ -167,3 +167,36 @@ impl Queue {
         }
     }
 }
+
+/// A queue behind a mutex, with its length mirrored in an atomic so the fast path can see
+/// "nobody waits" without taking the lock.
+#[derive(Default)]
+pub(crate) struct CountedQueue {
+    queue: std::sync::Mutex<Queue>,
+    waiters: std::sync::atomic::AtomicUsize,
+}
+
+impl CountedQueue {
+    /// Waiters queued now.
+    pub(crate) fn waiters(&self) -> usize {
+        self.waiters.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    #[inline]
+    pub(crate) fn no_waiters(&self) -> bool {
+        self.waiters() == 0
+    }
+
+    /// Runs `f` on the queue under its lock, then publishes its length.
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut Queue) -> R) -> R {
+        // Nothing panics under the lock; a poisoned queue is still consistent.
+        let mut queue = self
+            .queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let result = f(&mut queue);
+        self.waiters
+            .store(queue.len(), std::sync::atomic::Ordering::SeqCst);
+        result
+    }
+}
