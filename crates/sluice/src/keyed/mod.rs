@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use lock::{ReadGuard, StripedRwLock, WriteGuard};
+use lock::StripedRwLock;
 use shard::{Compiled, Entry, Room, Shard, meta};
 pub use source::{FetchError, FetchResult, FnSource, QuotaSource, StaticQuotas};
 
@@ -345,14 +345,6 @@ struct Inner<K, A: Algorithm, S, C> {
     counters: Counters,
 }
 
-fn read<T>(lock: &StripedRwLock<T>) -> ReadGuard<'_, T> {
-    lock.read()
-}
-
-fn write<T>(lock: &StripedRwLock<T>) -> WriteGuard<'_, T> {
-    lock.write()
-}
-
 impl<K: Hash + Eq + Send + Sync + 'static, A: Algorithm> KeyedLimiter<K, A> {
     /// A builder with the given algorithm and failsafe quota (the quota of a key whose own
     /// quota is still being fetched).
@@ -425,7 +417,7 @@ where
         Q::Owned: Into<K>,
     {
         let inner = &*self.inner;
-        let guard = read(inner.shard(hash));
+        let guard = inner.shard(hash).read();
         let entry = &guard.entries[guard.find(hash, key)?];
         let now = inner.clock.now();
         let since = entry.since_epoch(now);
@@ -461,7 +453,7 @@ where
             ..KeyedMetrics::default()
         };
         for shard in &inner.shards {
-            let shard = read(shard);
+            let shard = shard.read();
             metrics.entries += shard.entries.len() as u64;
             metrics.evicted_idle += shard.evicted_idle;
             metrics.evicted_frequency += shard.evicted_frequency;
@@ -477,7 +469,7 @@ where
         Q: Hash + Eq + ?Sized,
     {
         let hash = self.inner.hasher.hash_one(key);
-        let guard = read(self.inner.shard(hash));
+        let guard = self.inner.shard(hash).read();
         guard.find(hash, key).map(|i| guard.entries[i].limit.quota)
     }
 
@@ -486,7 +478,7 @@ where
         self.inner
             .shards
             .iter()
-            .map(|s| s.heap_bytes() + read(s).heap_bytes())
+            .map(|s| s.heap_bytes() + s.read().heap_bytes())
             .sum()
     }
 
@@ -496,7 +488,7 @@ where
         let inner = &*self.inner;
         let now = inner.clock.now();
         let (limit, bits, pending) = inner.first_fetch(&key, now);
-        let mut guard = write(inner.shard(hash));
+        let mut guard = inner.shard(hash).write();
         if let Some(i) = guard.find(hash, &key) {
             let entry = &mut guard.entries[i];
             if entry.since_epoch(now) > entry.limit.horizon {
@@ -683,7 +675,7 @@ where
             self.apply_error(key, error);
         }
         let hash = self.hasher.hash_one(key);
-        let mut guard = write(self.shard(hash));
+        let mut guard = self.shard(hash).write();
         let Some(i) = guard.find(hash, key) else { return };
         let entry = &mut guard.entries[i];
         let seen = entry.meta.load(Ordering::Relaxed);

@@ -3,7 +3,7 @@
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 
-use super::{KeyedLimiter, QuotaSource, read};
+use super::{KeyedLimiter, QuotaSource};
 use crate::chain::Receipt;
 use crate::{Algorithm, CheckError, Clock, Decision};
 
@@ -45,7 +45,7 @@ where
         }
         let inner = &*self.inner;
         let hash = inner.hasher.hash_one(key);
-        let guard = read(inner.shard(hash));
+        let guard = inner.shard(hash).read();
         if let Some(i) = guard.find(hash, key) {
             let entry = &guard.entries[i];
             if entry.epoch == receipt.tag() && receipt.at() <= entry.limit.horizon {
