@@ -486,17 +486,25 @@ where
     #[cold]
     fn check_slow(&self, hash: u64, key: K, cost: u64) -> Result<Decision, CheckError> {
         let inner = &*self.inner;
-        let now = inner.clock.now();
-        let (limit, bits, pending) = inner.first_fetch(&key, now);
+        let mut now = inner.clock.now();
         let mut guard = inner.shard(hash).write();
         if let Some(i) = guard.find(hash, &key) {
-            let entry = &mut guard.entries[i];
-            if entry.since_epoch(now) > entry.limit.horizon {
-                let same = Arc::clone(&entry.limit);
-                entry.replace_limit(&inner.algorithm, same, now);
-            }
-            return inner.decide_on(entry, now, cost);
+            return inner.decide_held(&mut guard.entries[i], now, cost);
         }
+        // A source runs user code and may be waited for: never under the shard's lock. The
+        // key may have come in meanwhile.
+        let (limit, bits, pending) = if inner.source.is_none() {
+            inner.first_fetch(&key, now)
+        } else {
+            drop(guard);
+            let fetched = inner.first_fetch(&key, now);
+            guard = inner.shard(hash).write();
+            now = inner.clock.now();
+            if let Some(i) = guard.find(hash, &key) {
+                return inner.decide_held(&mut guard.entries[i], now, cost);
+            }
+            fetched
+        };
         let hash_of = |k: &K| inner.hasher.hash_one(k);
         let place = match guard.make_room(&inner.algorithm, hash, now, hash_of) {
             Room::Refused => {
@@ -594,6 +602,16 @@ where
             (mixed >> (64 - self.shard_bits)) as usize
         };
         &self.shards[index]
+    }
+
+    /// Decides on a held entry under the write lock, moving its epoch first if time passed
+    /// its horizon.
+    fn decide_held(&self, entry: &mut Entry<K, A>, now: u64, cost: u64) -> Result<Decision, CheckError> {
+        if entry.since_epoch(now) > entry.limit.horizon {
+            let same = Arc::clone(&entry.limit);
+            entry.replace_limit(&self.algorithm, same, now);
+        }
+        self.decide_on(entry, now, cost)
     }
 
     fn decide_on(&self, entry: &Entry<K, A>, now: u64, cost: u64) -> Result<Decision, CheckError> {
