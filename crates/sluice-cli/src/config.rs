@@ -40,6 +40,7 @@ fn error(field: impl Into<String>, message: impl ToString) -> ConfigError {
 #[serde(deny_unknown_fields, default)]
 struct RawConfig {
     listen: String,
+    idle_timeout: String,
     key: RawKey,
     trusted_proxies: Vec<String>,
     algorithm: String,
@@ -60,6 +61,7 @@ impl Default for RawConfig {
     fn default() -> Self {
         Self {
             listen: "127.0.0.1:8080".into(),
+            idle_timeout: "30s".into(),
             key: RawKey::default(),
             trusted_proxies: Vec::new(),
             algorithm: "token_bucket".into(),
@@ -302,6 +304,8 @@ pub struct LimiterSettings {
 pub struct Settings {
     /// Where to listen.
     pub listen: SocketAddr,
+    /// How long a connection may go without starting a request.
+    pub idle_timeout: Duration,
     /// The limiter's shape.
     pub limiter: LimiterSettings,
     /// Quotas by key.
@@ -415,6 +419,10 @@ impl RawConfig {
             .listen
             .parse::<SocketAddr>()
             .map_err(|e| error("listen", format!("invalid address {:?}: {e}", self.listen)))?;
+        let idle_timeout = duration("idle_timeout", &self.idle_timeout)?;
+        if idle_timeout.is_zero() {
+            return Err(error("idle_timeout", "must be longer than 0"));
+        }
         let algorithm = AlgorithmKind::parse(&self.algorithm).ok_or_else(|| {
             error(
                 "algorithm",
@@ -525,6 +533,7 @@ impl RawConfig {
         }
         Ok(Settings {
             listen,
+            idle_timeout,
             limiter,
             accounts,
             key_parts,
@@ -571,6 +580,7 @@ mod tests {
             ("costs:\n  - {path: api, cost: 2}\n", "costs[0].path"),
             ("algorithm: magic\n", "algorithm"),
             ("listen: here\n", "listen"),
+            ("idle_timeout: 0s\n", "idle_timeout"),
             ("redis:\n  policy: retry\n", "redis.policy"),
             ("redis:\n  url: http://x\n", "redis.url"),
             ("redis:\n  hosts: 0\n", "redis.hosts"),

@@ -3,6 +3,7 @@
 
 mod app;
 mod config;
+mod connection;
 mod server;
 mod shared;
 

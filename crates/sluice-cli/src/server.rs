@@ -14,13 +14,13 @@ use http::Request;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use sluice_http::PeerAddr;
 use tokio::net::TcpListener;
 use tower_service::Service as _;
 
 use crate::app::{App, Hello};
 use crate::config::{self, Settings};
+use crate::connection::{Activity, Connections};
 
 /// How long in-flight requests may take to finish after a shutdown signal.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -97,10 +97,14 @@ pub async fn serve(options: ServeOptions, shutdown: impl Future<Output = ()>) ->
     drop(stdout);
     tracing::info!(%bound, "serving");
 
-    let graceful = GracefulShutdown::new();
+    let idle_timeout = options.settings.idle_timeout;
+    let connections = Connections::new();
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
+        // Slow or silent clients are closed by the idle check (`connection.rs`), which costs
+        // nothing per request; hyper's header timer would be armed for each one.
+        .header_read_timeout(None)
         .keep_alive(true)
         .pipeline_flush(false);
     let mut shutdown = std::pin::pin!(shutdown);
@@ -120,11 +124,17 @@ pub async fn serve(options: ServeOptions, shutdown: impl Future<Output = ()>) ->
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!("TCP_NODELAY on {peer}: {e}");
         }
+        let activity = Arc::new(Activity::default());
         let handler = Handler {
             app: Arc::clone(&app),
             peer,
+            activity: Arc::clone(&activity),
         };
-        let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), handler));
+        let connection = connections.serve(
+            builder.serve_connection(TokioIo::new(stream), handler),
+            activity,
+            idle_timeout,
+        );
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!("connection from {peer}: {e}");
@@ -133,11 +143,11 @@ pub async fn serve(options: ServeOptions, shutdown: impl Future<Output = ()>) ->
     }
     drop(listener);
     tracing::info!(
-        connections = graceful.count(),
+        connections = connections.count(),
         "shutting down: finishing in-flight requests"
     );
     tokio::select! {
-        () = graceful.shutdown() => tracing::info!("shut down"),
+        () = connections.shutdown() => tracing::info!("shut down"),
         () = tokio::time::sleep(DRAIN_TIMEOUT) => tracing::warn!("shut down with requests still in flight after {DRAIN_TIMEOUT:?}"),
     }
     Ok(())
@@ -148,6 +158,7 @@ pub async fn serve(options: ServeOptions, shutdown: impl Future<Output = ()>) ->
 struct Handler {
     app: Arc<ArcSwap<App>>,
     peer: SocketAddr,
+    activity: Arc<Activity>,
 }
 
 type Body = http_body_util::Full<bytes::Bytes>;
@@ -158,6 +169,7 @@ impl hyper::service::Service<Request<Incoming>> for Handler {
     type Future = sluice_http::ResponseFuture<Hello, Incoming, Body>;
 
     fn call(&self, mut request: Request<Incoming>) -> Self::Future {
+        self.activity.started();
         let app = self.app.load();
         if app.needs_peer {
             request.extensions_mut().insert(PeerAddr(self.peer));

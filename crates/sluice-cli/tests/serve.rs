@@ -381,3 +381,64 @@ fn a_busy_address_is_one_line_and_a_failure() {
         "no listening line"
     );
 }
+
+/// Reads until the server closes the connection (true) or `within` passes (false).
+fn closed_within(stream: &mut std::net::TcpStream, within: std::time::Duration) -> bool {
+    use std::io::Read;
+    stream.set_read_timeout(Some(within)).unwrap();
+    let mut sink = [0u8; 1024];
+    loop {
+        match stream.read(&mut sink) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+#[test]
+fn silent_and_slow_connections_are_closed_and_busy_ones_kept() {
+    use std::io::Write;
+    use std::time::{Duration, Instant};
+    let (server, _dir) = start(&format!("{CONFIG}idle_timeout: 1s\n"));
+
+    // Opens and says nothing.
+    let mut silent = std::net::TcpStream::connect(server.addr).unwrap();
+    // Sends a request head a byte at a time, never finishing it (slowloris).
+    let mut slow = std::net::TcpStream::connect(server.addr).unwrap();
+    let slow_writer = {
+        let mut slow = slow.try_clone().unwrap();
+        std::thread::spawn(move || {
+            for byte in b"GET / HTTP/1.1\r\nHost: test\r\nX-Slow: "
+                .iter()
+                .cycle()
+                .take(40)
+            {
+                if slow.write_all(&[*byte]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    // Sends a request every 200 ms for 4 s: never idle for a whole period.
+    let mut busy = server.client();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(4) {
+        assert_eq!(busy.as_account(Some("admin@example.com")).status, 200);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // Within two periods (plus slack) of opening, both idle connections were closed.
+    assert!(
+        closed_within(&mut silent, Duration::from_secs(2)),
+        "silent connection kept"
+    );
+    assert!(
+        closed_within(&mut slow, Duration::from_secs(2)),
+        "slow connection kept"
+    );
+    slow_writer.join().unwrap();
+    assert_eq!(busy.as_account(Some("admin@example.com")).status, 200);
+}

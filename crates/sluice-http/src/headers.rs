@@ -2,6 +2,8 @@
 //! `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers-10), and the older
 //! `X-RateLimit-*` trio.
 
+use std::cell::RefCell;
+
 use bytes::Bytes;
 use http::HeaderMap;
 use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
@@ -25,7 +27,7 @@ pub(crate) fn ceil_secs(nanos: u64) -> u64 {
 }
 
 /// The numbers a response reports, taken from a decision and the key's quota.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RateFields {
     /// The policy: `q` units per `w` seconds (the burst and the time to refill it from empty).
     quota: u64,
@@ -120,6 +122,31 @@ impl Rendered {
             headers.insert(RETRY_AFTER, number(retry));
         }
     }
+}
+
+thread_local! {
+    /// The header block of this thread's last denial. A flood of denials under one quota
+    /// repeats the same fields, and copying a built map costs a fraction of building it.
+    static LAST_DENIAL: RefCell<Option<(u64, RateFields, HeaderMap)>> = const { RefCell::new(None) };
+}
+
+/// The header block of a denial with `fields` under the policy numbered `policy_id`: a copy
+/// of this thread's last one when it is the same, else `build()`'s (kept for the next).
+pub(crate) fn denial_headers(policy_id: u64, fields: RateFields, build: impl Fn() -> HeaderMap) -> HeaderMap {
+    let cached = LAST_DENIAL.try_with(|last| {
+        let mut last = last.try_borrow_mut().ok()?;
+        if let Some((id, seen, headers)) = last.as_ref()
+            && *id == policy_id
+            && *seen == fields
+        {
+            return Some(headers.clone());
+        }
+        let headers = build();
+        *last = Some((policy_id, fields, headers.clone()));
+        Some(headers)
+    });
+    // None: this thread is exiting; build without the cache.
+    cached.ok().flatten().unwrap_or_else(build)
 }
 
 /// How many decimal digits `n` has.

@@ -5,16 +5,17 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
 use http::header::{CONTENT_TYPE, HeaderValue};
-use http::{Request, Response, StatusCode};
+use http::{HeaderMap, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use sluice::{CheckError, Decision, Quota};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::headers::{RateFields, Rendered, valid_policy_name};
+use crate::headers::{RateFields, Rendered, denial_headers, valid_policy_name};
 use crate::key::{KeyBuf, KeyPart, KeyRejection, KeySource, MAX_KEY_LEN};
 use crate::{CheckFuture, KeyLimiter, PeerAddr, RouteCosts, TrustedProxies};
 
@@ -53,8 +54,12 @@ pub enum BuildError {
     PolicyName(String),
 }
 
+static NEXT_POLICY_ID: AtomicU64 = AtomicU64::new(0);
+
 /// Everything the layer decides with, shared by every clone of the service.
 struct Policy {
+    /// Unique per built layer, so a cached denial is never another policy's.
+    id: u64,
     limiter: Arc<dyn KeyLimiter>,
     keys: KeySource,
     proxies: TrustedProxies,
@@ -137,8 +142,13 @@ impl Policy {
     }
 
     fn denied<B: From<&'static str>>(&self, fields: RateFields) -> Response<B> {
-        let mut response = plain(StatusCode::TOO_MANY_REQUESTS, EXCEEDED_BODY);
-        fields.render(&self.policy_name).write(response.headers_mut());
+        let mut response = Response::new(B::from(EXCEEDED_BODY));
+        *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        *response.headers_mut() = denial_headers(self.id, fields, || {
+            let mut headers = plain_headers();
+            fields.render(&self.policy_name).write(&mut headers);
+            headers
+        });
         response
     }
 
@@ -259,6 +269,7 @@ impl RateLimitBuilder {
         }
         Ok(RateLimitLayer {
             policy: Arc::new(Policy {
+                id: NEXT_POLICY_ID.fetch_add(1, Ordering::Relaxed),
                 limiter: self.limiter,
                 keys: KeySource {
                     parts: self.parts,
@@ -295,7 +306,7 @@ impl RateLimitBuilder {
 /// # Example
 /// ```
 /// use std::convert::Infallible;
-/// use http::{Request, Response, StatusCode};
+/// use http::{HeaderMap, Request, Response, StatusCode};
 /// use sluice::{KeyedLimiter, StaticQuotas, TokenBucket};
 /// use sluice_http::{KeyPart, RateLimitLayer};
 /// use tower_layer::Layer;
@@ -421,11 +432,16 @@ impl<S: std::fmt::Debug> std::fmt::Debug for RateLimit<S> {
 fn plain<B: From<&'static str>>(status: StatusCode, body: &'static str) -> Response<B> {
     let mut response = Response::new(B::from(body));
     *response.status_mut() = status;
-    let headers = response.headers_mut();
-    // Room for the rate-limit fields too, so the map is allocated once (see RateFields::write).
-    headers.reserve(10);
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    *response.headers_mut() = plain_headers();
     response
+}
+
+/// The headers of the layer's own answers.
+fn plain_headers() -> HeaderMap {
+    // Room for the rate-limit fields too, so the map is allocated once (see RateFields::write).
+    let mut headers = HeaderMap::with_capacity(10);
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    headers
 }
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
@@ -565,4 +581,92 @@ fn server_error<B: From<&'static str>>() -> Response<B> {
     let mut r = Response::new(B::from(""));
     *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use sluice::{KeyedLimiter, ManualClock, StaticQuotas, TokenBucket};
+
+    use super::*;
+
+    #[derive(Clone)]
+    struct Hello;
+
+    impl Service<Request<()>> for Hello {
+        type Response = Response<&'static str>;
+        type Error = std::convert::Infallible;
+        type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: Request<()>) -> Self::Future {
+            std::future::ready(Ok(Response::new("Hello World!")))
+        }
+    }
+
+    fn service(policy_name: &str, clock: &ManualClock) -> RateLimit<Hello> {
+        let quotas = StaticQuotas::from_iter([("alice".to_string(), "6/min burst 2".parse().unwrap())]);
+        let limiter = KeyedLimiter::builder(TokenBucket, "1/s".parse().unwrap())
+            .source(quotas)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        RateLimitLayer::builder(limiter)
+            .key([KeyPart::Header(http::HeaderName::from_static("x-account-id"))])
+            .policy_name(policy_name)
+            .build()
+            .unwrap()
+            .layer(Hello)
+    }
+
+    fn respond(service: &mut RateLimit<Hello>) -> Response<&'static str> {
+        let request = Request::builder()
+            .header("x-account-id", "alice")
+            .body(())
+            .unwrap();
+        let future = std::pin::pin!(service.call(request));
+        match future.poll(&mut Context::from_waker(std::task::Waker::noop())) {
+            Poll::Ready(Ok(response)) => response,
+            _ => unreachable!("answered at once"),
+        }
+    }
+
+    fn field<'r>(response: &'r Response<&'static str>, name: &str) -> &'r str {
+        response.headers()[name].to_str().unwrap()
+    }
+
+    #[test]
+    fn repeated_denials_carry_their_own_policy_and_current_numbers() {
+        let clock = ManualClock::new(0);
+        let mut first = service("first", &clock);
+        let mut second = service("second", &clock);
+        for service in [&mut first, &mut second] {
+            for _ in 0..2 {
+                assert_eq!(respond(service).status(), StatusCode::OK);
+            }
+        }
+        // Equal numbers under two policies, alternating on one thread: each keeps its name.
+        for _ in 0..3 {
+            for (service, name) in [(&mut first, "first"), (&mut second, "second")] {
+                let denied = respond(service);
+                assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+                assert_eq!(field(&denied, "ratelimit-policy"), format!("\"{name}\";q=2;w=20"));
+                assert_eq!(field(&denied, "ratelimit"), format!("\"{name}\";r=0;t=20"));
+                assert_eq!(field(&denied, "retry-after"), "10");
+                assert_eq!(field(&denied, "content-type"), "text/plain");
+                assert_eq!(denied.headers().len(), 7);
+            }
+        }
+        // Time passes: the next denial's numbers move with it.
+        clock.advance(Duration::from_secs(4));
+        let denied = respond(&mut first);
+        assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(field(&denied, "ratelimit"), "\"first\";r=0;t=16");
+        assert_eq!(field(&denied, "retry-after"), "6");
+        assert_eq!(field(&denied, "x-ratelimit-reset"), "16");
+    }
 }

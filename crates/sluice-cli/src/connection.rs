@@ -1,0 +1,138 @@
+//! One connection's life: served until the client leaves, until it starts no request for too
+//! long, or until the server shuts down (an in-flight request finishes first).
+//!
+//! hyper's own header-read timeout arms a timer for every request (an allocation, a wheel
+//! insert and a removal, measured in docs/BENCHMARKS.md); the idle check here looks at a
+//! request counter once per period instead.
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use hyper_util::server::graceful::GracefulConnection;
+use tokio::sync::{Notify, watch};
+
+/// The requests started on one connection, counted by its handler.
+#[derive(Debug, Default)]
+pub struct Activity(AtomicU64);
+
+impl Activity {
+    /// Counts a request. One connection's requests are handled one at a time, so a load and a
+    /// store do (no locked instruction on the request path).
+    pub fn started(&self) {
+        self.0
+            .store(self.0.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+    }
+
+    fn count(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// The live connections: how many, and the signal that closes them.
+pub struct Connections {
+    stop: watch::Sender<bool>,
+    live: Arc<Live>,
+}
+
+#[derive(Default)]
+struct Live {
+    count: AtomicUsize,
+    all_closed: Notify,
+}
+
+/// Counts a connection as live until dropped.
+struct LiveGuard(Arc<Live>);
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.all_closed.notify_waiters();
+        }
+    }
+}
+
+impl Connections {
+    pub fn new() -> Self {
+        Self {
+            stop: watch::Sender::new(false),
+            live: Arc::default(),
+        }
+    }
+
+    /// How many connections are open.
+    pub fn count(&self) -> usize {
+        self.live.count.load(Ordering::Acquire)
+    }
+
+    /// Drives `connection` to its end, closing it gracefully when it has started no request
+    /// (`activity`) for an idle period, or when [`Connections::shutdown`] is called; one that
+    /// has still not closed a period after that is dropped. So a client that opens a
+    /// connection and sends nothing is closed after one to two periods, and one that sends a
+    /// request head too slowly (slowloris) after two to three.
+    pub fn serve<C>(
+        &self,
+        connection: C,
+        activity: Arc<Activity>,
+        idle_timeout: Duration,
+    ) -> impl Future<Output = C::Output> + Send + 'static
+    where
+        C: GracefulConnection + Send + 'static,
+    {
+        self.live.count.fetch_add(1, Ordering::AcqRel);
+        let guard = LiveGuard(Arc::clone(&self.live));
+        let mut stop = self.stop.subscribe();
+        async move {
+            let _guard = guard;
+            let mut connection = pin!(connection);
+            let mut stopped = pin!(async move {
+                // An error means the sender is gone: the server is going away too.
+                let _ = stop.wait_for(|stop| *stop).await;
+            });
+            let mut idle = pin!(tokio::time::sleep(idle_timeout));
+            let mut seen = activity.count();
+            let mut closing = false;
+            loop {
+                tokio::select! {
+                    biased;
+                    done = connection.as_mut() => return done,
+                    () = stopped.as_mut(), if !closing => {
+                        connection.as_mut().graceful_shutdown();
+                        closing = true;
+                    }
+                    () = idle.as_mut() => {
+                        let now = activity.count();
+                        if now != seen {
+                            seen = now;
+                        } else if !closing {
+                            tracing::debug!("closing a connection idle for {idle_timeout:?}");
+                            connection.as_mut().graceful_shutdown();
+                            closing = true;
+                        } else {
+                            // Still not closed a period later: stuck in a request head that
+                            // never ends (a graceful close waits for it), or in its answer.
+                            tracing::debug!("dropping a connection that did not close");
+                            return Ok(());
+                        }
+                        idle.as_mut().reset(tokio::time::Instant::now() + idle_timeout);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Asks every connection to close once its in-flight request is answered, and waits
+    /// until all are closed.
+    pub async fn shutdown(&self) {
+        self.stop.send_replace(true);
+        loop {
+            let closed = self.live.all_closed.notified();
+            if self.count() == 0 {
+                return;
+            }
+            closed.await;
+        }
+    }
+}
