@@ -3,17 +3,22 @@
 //! A plain read-write lock counts its readers in one word: two cores reading the same shard
 //! bounce that word's cache line between them on every read, which is why a sharded map with
 //! ordinary locks does not get faster with a second thread. Here each reader counts itself in
-//! its own stripe (one cache line per stripe, chosen once per thread), and a writer, which is
-//! rare on the keyed limiter's path (a new key, an epoch move), raises a flag and waits for
-//! every stripe to drain.
+//! a stripe (one cache line per stripe), and a writer, which is rare on the keyed limiter's
+//! path (a new key, an epoch move), raises a flag and waits for every stripe to drain.
+//!
+//! Each live thread holds a slot number, reused after the thread ends. The first slots own a
+//! stripe in every lock: only that thread writes it, so it leaves with a plain store instead
+//! of a locked instruction (one of the three a keyed check makes). Threads past those share
+//! the remaining stripes and count with read-modify-writes.
 //!
 //! The protocol is Dekker's: a reader increments its stripe and then reads the flag; a writer
 //! sets the flag and then reads every stripe; all four operations are sequentially consistent,
 //! so at least one side sees the other and they never both proceed.
 
-use std::cell::{Cell, UnsafeCell};
+use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 /// One reader count on a cache line of its own (128 bytes: adjacent-line prefetch pairs lines).
 #[repr(align(128))]
@@ -21,7 +26,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 struct Stripe(AtomicUsize);
 
 pub(crate) struct StripedRwLock<T> {
+    /// The owned stripes (one per slot below `owned`), then the shared ones.
     stripes: Box<[Stripe]>,
+    owned: usize,
     /// Set while a writer holds the lock or waits for the readers to leave; writers take it
     /// by compare-and-swap, which also serialises them.
     writing: AtomicBool,
@@ -43,42 +50,82 @@ fn backoff(round: &mut u32) {
     }
 }
 
-/// This thread's stripe number, assigned round-robin on first use.
-fn stripe_number() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static NUMBER: Cell<usize> = const { Cell::new(usize::MAX) };
-    }
-    NUMBER.with(|number| {
-        if number.get() == usize::MAX {
-            number.set(NEXT.fetch_add(1, Ordering::Relaxed));
+/// Slots given back by ended threads, handed out again lowest first.
+static FREE_SLOTS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+static NEXT_SLOT: AtomicUsize = AtomicUsize::new(0);
+
+/// A live thread's slot, given back when the thread ends.
+struct Slot(usize);
+
+impl Slot {
+    fn take() -> Self {
+        let mut free = FREE_SLOTS.lock().unwrap_or_else(PoisonError::into_inner);
+        let lowest = free
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, slot)| **slot)
+            .map(|(i, _)| i);
+        match lowest {
+            Some(i) => Slot(free.swap_remove(i)),
+            None => Slot(NEXT_SLOT.fetch_add(1, Ordering::Relaxed)),
         }
-        number.get()
-    })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        FREE_SLOTS
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(self.0);
+    }
+}
+
+thread_local! {
+    static SLOT: Slot = Slot::take();
 }
 
 impl<T> StripedRwLock<T> {
-    /// A lock with `stripes` reader stripes (rounded up to a power of two).
-    pub(crate) fn new(value: T, stripes: usize) -> Self {
-        let stripes = stripes.max(1).next_power_of_two();
+    /// A lock with `owned` stripes owned by the first slots and `shared` (at least one,
+    /// rounded up to a power of two) for the others.
+    pub(crate) fn new(value: T, owned: usize, shared: usize) -> Self {
+        let shared = shared.max(1).next_power_of_two();
         Self {
-            stripes: (0..stripes).map(|_| Stripe::default()).collect(),
+            stripes: (0..owned + shared).map(|_| Stripe::default()).collect(),
+            owned,
             writing: AtomicBool::new(false),
             value: UnsafeCell::new(value),
         }
     }
 
+    /// This thread's stripe, and whether the thread owns it.
+    #[inline]
+    fn stripe(&self) -> (&AtomicUsize, bool) {
+        // No slot while the thread's locals are being torn down: share the first stripe.
+        let slot = SLOT.try_with(|slot| slot.0).unwrap_or(usize::MAX);
+        if slot < self.owned {
+            (&self.stripes[slot].0, true)
+        } else {
+            let shared = self.stripes.len() - self.owned;
+            (&self.stripes[self.owned + (slot & (shared - 1))].0, false)
+        }
+    }
+
     #[inline]
     pub(crate) fn read(&self) -> ReadGuard<'_, T> {
-        let stripe = &self.stripes[stripe_number() & (self.stripes.len() - 1)].0;
+        let (stripe, owned) = self.stripe();
         let mut round = 0;
         loop {
             stripe.fetch_add(1, Ordering::SeqCst);
             if !self.writing.load(Ordering::SeqCst) {
-                return ReadGuard { lock: self, stripe };
+                return ReadGuard {
+                    lock: self,
+                    stripe,
+                    owned,
+                };
             }
             // A writer is in: step back so it can drain the stripes, and wait for it.
-            stripe.fetch_sub(1, Ordering::Release);
+            leave(stripe, owned);
             while self.writing.load(Ordering::Acquire) {
                 backoff(&mut round);
             }
@@ -109,9 +156,22 @@ impl<T> StripedRwLock<T> {
     }
 }
 
+/// Uncounts a reader from its stripe.
+#[inline]
+fn leave(stripe: &AtomicUsize, owned: bool) {
+    if owned {
+        // Only this thread writes an owned stripe, so nothing can come between the load and
+        // the store; the store releases the reader's reads to the writer that sees it.
+        stripe.store(stripe.load(Ordering::Relaxed) - 1, Ordering::Release);
+    } else {
+        stripe.fetch_sub(1, Ordering::Release);
+    }
+}
+
 pub(crate) struct ReadGuard<'a, T> {
     lock: &'a StripedRwLock<T>,
     stripe: &'a AtomicUsize,
+    owned: bool,
 }
 
 impl<T> Deref for ReadGuard<'_, T> {
@@ -128,7 +188,7 @@ impl<T> Deref for ReadGuard<'_, T> {
 impl<T> Drop for ReadGuard<'_, T> {
     #[inline]
     fn drop(&mut self) {
-        self.stripe.fetch_sub(1, Ordering::Release);
+        leave(self.stripe, self.owned);
     }
 }
 
@@ -166,7 +226,7 @@ mod tests {
     #[test]
     fn readers_and_writers_exclude_each_other() {
         // Writers keep two fields equal; a reader that ever saw them differ saw a torn write.
-        let lock = Arc::new(StripedRwLock::new((0u64, 0u64), 4));
+        let lock = Arc::new(StripedRwLock::new((0u64, 0u64), 2, 1));
         let threads: Vec<_> = (0..4)
             .map(|t| {
                 let lock = Arc::clone(&lock);
@@ -189,5 +249,43 @@ mod tests {
             thread.join().expect("no thread panics");
         }
         assert_eq!(*lock.read(), (40_000, 40_000));
+    }
+
+    fn all_drained<T>(lock: &StripedRwLock<T>) -> bool {
+        lock.stripes.iter().all(|s| s.0.load(Ordering::SeqCst) == 0)
+    }
+
+    #[test]
+    fn nested_reads_on_owned_and_shared_stripes_leave_nothing_counted() {
+        // Slot 0 or 1 owns a stripe in the first lock; no slot owns one in the second.
+        for lock in [StripedRwLock::new(1, 64, 2), StripedRwLock::new(1, 0, 2)] {
+            {
+                let outer = lock.read();
+                let inner = lock.read();
+                assert_eq!(*outer + *inner, 2);
+                assert!(!all_drained(&lock));
+            }
+            assert!(all_drained(&lock));
+            *lock.write() = 3;
+            assert_eq!(*lock.read(), 3);
+            assert!(all_drained(&lock));
+        }
+    }
+
+    #[test]
+    fn an_ended_threads_slot_is_handed_out_again() {
+        let slot = || std::thread::spawn(|| SLOT.with(|slot| slot.0)).join().unwrap();
+        let first = slot();
+        assert_eq!(slot(), first);
+        // Two live threads hold two different slots.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let hold = std::thread::spawn(move || {
+            let mine = SLOT.with(|slot| slot.0);
+            rx.recv().unwrap();
+            mine
+        });
+        let other = slot();
+        tx.send(()).unwrap();
+        assert_ne!(hold.join().unwrap(), other);
     }
 }

@@ -232,8 +232,9 @@ where
     pub fn build(self) -> Result<KeyedLimiter<K, A, S, C>, QuotaError> {
         let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
         let shards = self.shards.unwrap_or(cores * 16).min(1024).next_power_of_two();
-        // One reader stripe per core (at most 16): reads on different cores share no line.
-        let stripes = cores.min(16);
+        // Reader stripes (see `lock.rs`): owned by the first two threads per core (at most
+        // 32), shared by the rest (one per core, at most 8).
+        let (owned, shared) = ((2 * cores).min(32), cores.min(8));
         let per_shard = self.capacity.div_ceil(shards);
         let mut book = HashMap::new();
         let failsafe = compile(&self.algorithm, &mut book, self.failsafe)?;
@@ -242,7 +243,7 @@ where
         Ok(KeyedLimiter {
             inner: Arc::new(Inner {
                 shards: (0..shards)
-                    .map(|_| StripedRwLock::new(Shard::new(per_shard), stripes))
+                    .map(|_| StripedRwLock::new(Shard::new(per_shard), owned, shared))
                     .collect(),
                 shard_bits: shards.trailing_zeros(),
                 hasher: foldhash::fast::RandomState::default(),

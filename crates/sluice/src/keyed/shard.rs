@@ -166,11 +166,14 @@ impl<K, A: Algorithm> Shard<K, A> {
         }
         let len = self.entries.len();
         let sample = SAMPLE.min(len);
-        let start = self.hand;
-        self.hand = (start + sample) % len;
+        // The hand is below `len` and a step at most `len`: a subtraction wraps it (a
+        // division here cost more than the rest of the sample).
+        let wrap = |i: usize| if i >= len { i - len } else { i };
+        let start = self.hand.min(len - 1);
+        self.hand = wrap(start + sample);
         let mut victim = None::<(usize, u64)>;
         for step in 0..sample {
-            let i = (start + step) % len;
+            let i = wrap(start + step);
             let entry = &self.entries[i];
             let frequency = entry.frequency();
             // An idle entry's state says nothing, but a key in use still carries its fetched
@@ -180,7 +183,7 @@ impl<K, A: Algorithm> Shard<K, A> {
             // keys inflates it.)
             let since = entry.since_epoch(now).min(entry.limit.horizon);
             if frequency <= COLD && algorithm.is_idle(&entry.limit.params, &entry.state, since) {
-                self.hand = (i + 1) % len;
+                self.hand = wrap(i + 1);
                 self.unindex(i, &hash_of);
                 self.evicted_idle += 1;
                 return Room::Reused(i);
@@ -196,7 +199,7 @@ impl<K, A: Algorithm> Shard<K, A> {
         if newcomer <= frequency {
             // Survivors of a sample age, so a once-hot key can leave in time.
             for step in 0..sample {
-                self.entries[(start + step) % len].age();
+                self.entries[wrap(start + step)].age();
             }
             self.refused += 1;
             return Room::Refused;
