@@ -51,7 +51,7 @@ struct ServeArgs {
     /// The address to listen on (overrides the config's `listen`; port 0 picks one).
     #[arg(long, value_name = "ADDR")]
     listen: Option<SocketAddr>,
-    /// Worker threads (default: one per core).
+    /// Serving threads, each with its own event loop and listener (default: one per core).
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
     /// Share limits with every server on this Redis (sets or overrides the config's
@@ -123,8 +123,8 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         Some(n) => n,
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
+    // This thread's runtime; `serve` starts one more per extra thread.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
@@ -136,7 +136,9 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     };
     runtime.block_on(async {
         let shutdown = shutdown_signal()?;
-        server::serve(options, shutdown).await.map_err(|e| e.to_string())
+        server::serve(options, threads, shutdown)
+            .await
+            .map_err(|e| e.to_string())
     })
 }
 

@@ -15,7 +15,8 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use sluice_http::PeerAddr;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
+use tokio::sync::watch;
 use tower_service::Service as _;
 
 use crate::app::{App, Hello};
@@ -65,12 +66,22 @@ fn url_field(redis_url: Option<&str>) -> &'static str {
     }
 }
 
-/// Serves until `shutdown` completes, then drains in-flight requests.
-pub async fn serve(options: ServeOptions, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
+/// Serves on `threads` threads until `shutdown` completes, then drains in-flight requests.
+///
+/// Each thread runs its own single-threaded runtime with its own listener on the address
+/// (`SO_REUSEPORT`: the kernel spreads new connections over them), like one event loop per
+/// core; a connection stays on the thread that accepted it. A shared multi-threaded runtime
+/// would wake idle workers across cores on every burst of readiness, which measured as more
+/// CPU per request (docs/BENCHMARKS.md). This thread, the first, also runs the config watcher
+/// and the quota fetches.
+pub async fn serve(
+    options: ServeOptions,
+    threads: usize,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
     let addr = options.listen.unwrap_or(options.settings.listen);
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| ServeError::Bind { addr, source })?;
+    let shared_port = threads > 1;
+    let listener = bind(addr, shared_port).map_err(|source| ServeError::Bind { addr, source })?;
     let bound = listener
         .local_addr()
         .map_err(|source| ServeError::Bind { addr, source })?;
@@ -90,58 +101,31 @@ pub async fn serve(options: ServeOptions, shutdown: impl Future<Output = ()>) ->
         tokio::spawn(watch);
     }
 
+    let acceptor = Arc::new(Acceptor {
+        app,
+        connections: Connections::new(),
+        idle_timeout: options.settings.idle_timeout,
+        stop: watch::Sender::new(false),
+        drained: watch::Sender::new(false),
+    });
+    let workers = (1..threads)
+        .map(|i| spawn_worker(i, bound, Arc::clone(&acceptor)))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|source| ServeError::Bind { addr: bound, source })?;
+
     // The one line a spawning process waits for; logs go to stderr.
     let mut stdout = std::io::stdout().lock();
     let _ = writeln!(stdout, "listening on http://{bound}");
     let _ = stdout.flush();
     drop(stdout);
-    tracing::info!(%bound, "serving");
+    tracing::info!(%bound, threads, "serving");
 
-    let idle_timeout = options.settings.idle_timeout;
-    let connections = Connections::new();
-    let mut builder = http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        // Slow or silent clients are closed by the idle check (`connection.rs`), which costs
-        // nothing per request; hyper's header timer would be armed for each one.
-        .header_read_timeout(None)
-        .keep_alive(true)
-        .pipeline_flush(false);
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    // Out of descriptors and the like: wait a little rather than spin.
-                    tracing::warn!("accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = &mut shutdown => break,
-        };
-        if let Err(e) = stream.set_nodelay(true) {
-            tracing::debug!("TCP_NODELAY on {peer}: {e}");
-        }
-        let activity = Arc::new(Activity::default());
-        let handler = Handler {
-            app: Arc::clone(&app),
-            peer,
-            activity: Arc::clone(&activity),
-        };
-        let connection = connections.serve(
-            builder.serve_connection(TokioIo::new(stream), handler),
-            activity,
-            idle_timeout,
-        );
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!("connection from {peer}: {e}");
-            }
-        });
+    tokio::select! {
+        () = acceptor.accept(listener) => {}
+        () = shutdown => {}
     }
-    drop(listener);
+    acceptor.stop.send_replace(true);
+    let connections = &acceptor.connections;
     tracing::info!(
         connections = connections.count(),
         "shutting down: finishing in-flight requests"
@@ -150,7 +134,135 @@ pub async fn serve(options: ServeOptions, shutdown: impl Future<Output = ()>) ->
         () = connections.shutdown() => tracing::info!("shut down"),
         () = tokio::time::sleep(DRAIN_TIMEOUT) => tracing::warn!("shut down with requests still in flight after {DRAIN_TIMEOUT:?}"),
     }
+    acceptor.drained.send_replace(true);
+    for worker in workers {
+        if worker.join().is_err() {
+            tracing::error!("a serving thread panicked");
+        }
+    }
     Ok(())
+}
+
+/// A listener on `addr`; one of several on the same port when `shared_port`.
+fn bind(addr: SocketAddr, shared_port: bool) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    #[cfg(unix)]
+    socket.set_reuseaddr(true)?;
+    #[cfg(all(
+        unix,
+        not(any(target_os = "solaris", target_os = "illumos", target_os = "cygwin"))
+    ))]
+    if shared_port {
+        socket.set_reuseport(true)?;
+    }
+    socket.bind(addr)?;
+    socket.listen(1024)
+}
+
+/// Starts serving thread `i` with its own runtime and listener on `bound`; returns once the
+/// listener is bound (or could not be).
+fn spawn_worker(
+    i: usize,
+    bound: SocketAddr,
+    acceptor: Arc<Acceptor>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let worker = std::thread::Builder::new()
+        .name(format!("sluice-serve-{i}"))
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+            let runtime = match runtime {
+                Ok(runtime) => runtime,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let listener = match bind(bound, true) {
+                    Ok(listener) => listener,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok(()));
+                let mut stop = acceptor.stop.subscribe();
+                tokio::select! {
+                    () = acceptor.accept(listener) => {}
+                    _ = stop.wait_for(|stop| *stop) => {}
+                }
+                // Keep running this thread's connections until the drain is over.
+                let mut drained = acceptor.drained.subscribe();
+                let _ = drained.wait_for(|drained| *drained).await;
+            });
+        })?;
+    match ready_rx.recv() {
+        Ok(Ok(())) => Ok(worker),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(std::io::Error::other(
+            "a serving thread ended before it was ready",
+        )),
+    }
+}
+
+/// What every serving thread shares.
+struct Acceptor {
+    app: Arc<ArcSwap<App>>,
+    connections: Connections,
+    idle_timeout: Duration,
+    /// Set when the server stops accepting.
+    stop: watch::Sender<bool>,
+    /// Set when the connections are drained (or the drain timed out).
+    drained: watch::Sender<bool>,
+}
+
+impl Acceptor {
+    /// Accepts connections on `listener` and serves each on this thread's runtime.
+    async fn accept(&self, listener: TcpListener) {
+        let mut builder = http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            // Slow or silent clients are closed by the idle check (`connection.rs`), which
+            // costs nothing per request; hyper's header timer would be armed for each one.
+            .header_read_timeout(None)
+            .keep_alive(true)
+            .pipeline_flush(false);
+        loop {
+            let (stream, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of descriptors and the like: wait a little rather than spin.
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            if let Err(e) = stream.set_nodelay(true) {
+                tracing::debug!("TCP_NODELAY on {peer}: {e}");
+            }
+            let activity = Arc::new(Activity::default());
+            let handler = Handler {
+                app: Arc::clone(&self.app),
+                peer,
+                activity: Arc::clone(&activity),
+            };
+            let connection = self.connections.serve(
+                builder.serve_connection(TokioIo::new(stream), handler),
+                activity,
+                self.idle_timeout,
+            );
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!("connection from {peer}: {e}");
+                }
+            });
+        }
+    }
 }
 
 /// Serves one connection's requests through the current app.
