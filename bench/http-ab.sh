@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Paired A/B of two `sluice` binaries on one account's requests: both serve the same config
+# side by side, and short wrk runs alternate between them, so the VM's drift hits both alike.
+# Prints each round's req/s and the median of the per-round ratios B/A.
+#
+# Usage: bench/http-ab.sh A_BINARY B_BINARY [ROUNDS] [ACCOUNT]
+#   (default 8 rounds of 3 s; ACCOUNT alice@example.com, at 1/s: nearly every answer a 429;
+#   admin@example.com is the bypass). Build an older commit's binary with
+#   `git worktree add /tmp/old COMMIT && cargo build --release -p sluice-cli --manifest-path /tmp/old/Cargo.toml`.
+set -euo pipefail
+A=$1; B=$2; ROUNDS=${3:-8}; ACCOUNT=${4:-alice@example.com}
+DURATION=${DURATION:-3s}; CONNECTIONS=${CONNECTIONS:-100}
+command -v wrk >/dev/null || { echo "wrk is needed (apt-get install wrk)"; exit 1; }
+
+tmp=$(mktemp -d)
+pids=()
+cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; rm -rf "$tmp"; }
+trap cleanup EXIT
+cat > "$tmp/sluice.yaml" <<'YAML'
+fetch_latency: 0s
+bypass: [admin@example.com]
+accounts:
+  alice@example.com: 1/s
+YAML
+start() { # binary, name: sets url
+  "$1" serve --config "$tmp/sluice.yaml" --listen 127.0.0.1:0 >"$tmp/$2.out" 2>"$tmp/$2.err" &
+  pids+=($!)
+  for _ in $(seq 100); do grep -q '^listening on ' "$tmp/$2.out" 2>/dev/null && break; sleep 0.1; done
+  url=$(sed -n 's/^listening on //p' "$tmp/$2.out")
+  [ -n "$url" ] || { echo "$1 did not start:"; cat "$tmp/$2.err"; exit 1; }
+}
+start "$A" a; url_a=$url
+start "$B" b; url_b=$url
+rps() { wrk -t1 -c"$CONNECTIONS" -d"$DURATION" -H "X-Account-ID: $ACCOUNT" "$1" | awk '/^Requests\/sec:/ {print $2}'; }
+rps "$url_a" >/dev/null; rps "$url_b" >/dev/null
+echo "round  A req/s  B req/s  B/A"
+for round in $(seq "$ROUNDS"); do
+  a=$(rps "$url_a"); b=$(rps "$url_b")
+  echo "$round $a $b" | awk '{printf "%5d %8.0f %8.0f %5.3f\n", $1, $2, $3, $3 / $2}' | tee -a "$tmp/rounds"
+done
+awk '{print $4}' "$tmp/rounds" | sort -g |
+  awk '{r[NR] = $1} END {printf "median B/A over %d rounds: %.3f\n", NR, (NR % 2) ? r[(NR + 1) / 2] : (r[NR / 2] + r[NR / 2 + 1]) / 2}'
