@@ -34,7 +34,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use lock::StripedRwLock;
-use shard::{Compiled, Entry, Room, Shard, meta};
+use shard::{Compiled, Entry, LimitRef, Room, Shard, meta};
 pub use source::{FetchError, FetchResult, FnSource, QuotaSource, StaticQuotas};
 
 use crate::chain::Receipt;
@@ -232,9 +232,9 @@ where
     pub fn build(self) -> Result<KeyedLimiter<K, A, S, C>, QuotaError> {
         let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
         let shards = self.shards.unwrap_or(cores * 16).min(1024).next_power_of_two();
-        // Reader stripes (see `lock.rs`): owned by the first two threads per core (at most
-        // 32), shared by the rest (one per core, at most 8).
-        let (owned, shared) = ((2 * cores).min(32), cores.min(8));
+        // Reader stripes (see `lock.rs`): owned by the first thread per core and one more (a
+        // main thread, say; at most 32), shared by the rest (one per two cores, at most 8).
+        let (owned, shared) = ((cores + 1).min(32), cores.div_ceil(2).min(8));
         let per_shard = self.capacity.div_ceil(shards);
         let mut book = HashMap::new();
         let failsafe = compile(&self.algorithm, &mut book, self.failsafe)?;
@@ -263,23 +263,24 @@ where
     }
 }
 
+/// The book's compiled `quota`, compiled and booked on first use. Booked quotas are boxed and
+/// never removed: entries point at them ([`LimitRef`]).
 fn compile<A: Algorithm>(
     algorithm: &A,
-    book: &mut HashMap<Quota, Arc<Compiled<A>>>,
+    book: &mut HashMap<Quota, Box<Compiled<A>>>,
     quota: Quota,
-) -> Result<Arc<Compiled<A>>, QuotaError> {
+) -> Result<LimitRef<A>, QuotaError> {
     if let Some(compiled) = book.get(&quota) {
-        return Ok(Arc::clone(compiled));
+        return Ok(LimitRef::to_booked(compiled));
     }
     let params = algorithm.params(&quota)?;
     let horizon = algorithm.horizon(&params);
-    let compiled = Arc::new(Compiled {
+    let compiled = book.entry(quota).or_insert(Box::new(Compiled {
         quota,
         params,
         horizon,
-    });
-    book.insert(quota, Arc::clone(&compiled));
-    Ok(compiled)
+    }));
+    Ok(LimitRef::to_booked(compiled))
 }
 
 /// Many independent limits by key, each with its own quota, in bounded memory.
@@ -335,9 +336,10 @@ struct Inner<K, A: Algorithm, S, C> {
     shard_bits: u32,
     hasher: foldhash::fast::RandomState,
     /// Every quota compiled so far, shared by the keys that have it.
-    book: Mutex<HashMap<Quota, Arc<Compiled<A>>>>,
-    failsafe: Arc<Compiled<A>>,
-    unknown: Arc<Compiled<A>>,
+    /// Every quota compiled so far; entries point into it (see [`compile`]).
+    book: Mutex<HashMap<Quota, Box<Compiled<A>>>>,
+    failsafe: LimitRef<A>,
+    unknown: LimitRef<A>,
     refresh_ticks: u64,
     first_fetch_wait: Option<Duration>,
     source: Option<S>,
@@ -516,11 +518,16 @@ where
             Room::Free => None,
             Room::Reused(i) => Some(i),
         };
-        let entry = Entry::new(&inner.algorithm, key.clone(), limit, now, bits | 1);
+        // The key is copied only when a fetch needs it too.
+        let (stored, fetch) = match pending {
+            Some(fetch) => (key.clone(), Some((key, fetch))),
+            None => (key, None),
+        };
+        let entry = Entry::new(&inner.algorithm, stored, limit, now, bits | 1);
         let i = guard.insert(place, hash, entry, hash_of);
         let result = inner.decide_on(&guard.entries[i], now, cost);
         drop(guard);
-        if let Some(fetch) = pending {
+        if let Some((key, fetch)) = fetch {
             self.spawn_fetch(key, fetch);
         }
         result
@@ -609,8 +616,7 @@ where
     /// its horizon.
     fn decide_held(&self, entry: &mut Entry<K, A>, now: u64, cost: u64) -> Result<Decision, CheckError> {
         if entry.since_epoch(now) > entry.limit.horizon {
-            let same = Arc::clone(&entry.limit);
-            entry.replace_limit(&self.algorithm, same, now);
+            entry.replace_limit(&self.algorithm, entry.limit, now);
         }
         self.decide_on(entry, now, cost)
     }
@@ -644,13 +650,9 @@ where
     }
 
     /// The quota a new key starts with, its bookkeeping bits, and the fetch still running.
-    fn first_fetch(&self, key: &K, now: u64) -> (Arc<Compiled<A>>, u64, Option<PendingFetch>) {
+    fn first_fetch(&self, key: &K, now: u64) -> (LimitRef<A>, u64, Option<PendingFetch>) {
         let Some(source) = &self.source else {
-            return (
-                Arc::clone(&self.unknown),
-                meta::with_fetched_at(meta::KNOWN, now),
-                None,
-            );
+            return (self.unknown, meta::with_fetched_at(meta::KNOWN, now), None);
         };
         bump(&self.counters.fetches);
         let mut fetch: PendingFetch = Box::pin(source.fetch(key));
@@ -665,20 +667,20 @@ where
                 Ok(limit) => (limit, meta::with_fetched_at(meta::KNOWN, now), None),
                 Err(error) => {
                     self.apply_error(key, &error);
-                    (Arc::clone(&self.failsafe), meta::with_fetched_at(0, now), None)
+                    (self.failsafe, meta::with_fetched_at(0, now), None)
                 }
             },
             None => (
-                Arc::clone(&self.failsafe),
+                self.failsafe,
                 meta::with_fetched_at(meta::FETCHING, now),
                 Some(fetch),
             ),
         }
     }
 
-    fn resolve(&self, result: FetchResult) -> Result<Arc<Compiled<A>>, FetchError> {
+    fn resolve(&self, result: FetchResult) -> Result<LimitRef<A>, FetchError> {
         match result? {
-            None => Ok(Arc::clone(&self.unknown)),
+            None => Ok(self.unknown),
             Some(quota) => {
                 let mut book = self.book.lock().unwrap_or_else(PoisonError::into_inner);
                 Ok(compile(&self.algorithm, &mut book, quota)?)
@@ -701,7 +703,7 @@ where
         let mut bits = meta::with_fetched_at(seen & !meta::FETCHING, now);
         if let Ok(limit) = resolved {
             bits |= meta::KNOWN;
-            if !Arc::ptr_eq(&limit, &entry.limit) {
+            if !limit.same(&entry.limit) {
                 entry.replace_limit(&self.algorithm, limit, now);
             }
         }

@@ -1,7 +1,8 @@
 //! One shard of the keyed store: a hash index over a dense vector of entries, bounded, with
 //! sampled eviction (idle entries first, then the least frequently used, TinyLFU admission).
 
-use std::sync::Arc;
+use std::ops::Deref;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::index::{Index, MAX_ENTRIES};
@@ -14,6 +15,54 @@ pub(crate) struct Compiled<A: Algorithm> {
     pub(crate) quota: Quota,
     pub(crate) params: A::Params,
     pub(crate) horizon: u64,
+}
+
+/// A compiled quota in the limiter's book, as its entries hold it.
+///
+/// The book keeps every compiled quota boxed (so it never moves) and never removes one while
+/// the limiter lives, and these references are held only by the limiter's own entries and
+/// fields: a plain pointer does, where a counted one cost two atomic operations per new key.
+pub(crate) struct LimitRef<A: Algorithm>(NonNull<Compiled<A>>);
+
+impl<A: Algorithm> LimitRef<A> {
+    /// A reference to a compiled quota the book holds (see the type's comment).
+    pub(crate) fn to_booked(compiled: &Compiled<A>) -> Self {
+        Self(NonNull::from(compiled))
+    }
+
+    pub(crate) fn same(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl<A: Algorithm> Clone for LimitRef<A> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<A: Algorithm> Copy for LimitRef<A> {}
+
+impl<A: Algorithm> Deref for LimitRef<A> {
+    type Target = Compiled<A>;
+
+    #[inline]
+    fn deref(&self) -> &Compiled<A> {
+        // SAFETY: the book owns the pointee, boxed, until the limiter (which owns every
+        // `LimitRef`) is dropped; it is never written after it is booked.
+        unsafe { self.0.as_ref() }
+    }
+}
+
+// SAFETY: a `LimitRef` is a shared reference to a `Compiled<A>` (see `Deref`).
+unsafe impl<A: Algorithm> Send for LimitRef<A> where Compiled<A>: Sync {}
+// SAFETY: as for `Send`.
+unsafe impl<A: Algorithm> Sync for LimitRef<A> where Compiled<A>: Sync {}
+
+impl<A: Algorithm> std::fmt::Debug for LimitRef<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("LimitRef").field(&self.quota).finish()
+    }
 }
 
 /// The packed bookkeeping of an entry: recent-use count (bits 0–7), a fetch in flight (bit 8),
@@ -41,7 +90,7 @@ pub(crate) mod meta {
 /// One key's limit.
 pub(crate) struct Entry<K, A: Algorithm> {
     pub(crate) key: K,
-    pub(crate) limit: Arc<Compiled<A>>,
+    pub(crate) limit: LimitRef<A>,
     /// Clock reading the state's time is relative to.
     pub(crate) epoch: u64,
     pub(crate) meta: AtomicU64,
@@ -49,7 +98,7 @@ pub(crate) struct Entry<K, A: Algorithm> {
 }
 
 impl<K, A: Algorithm> Entry<K, A> {
-    pub(crate) fn new(algorithm: &A, key: K, limit: Arc<Compiled<A>>, now: u64, meta: u64) -> Self {
+    pub(crate) fn new(algorithm: &A, key: K, limit: LimitRef<A>, now: u64, meta: u64) -> Self {
         let state = algorithm.new_state(&limit.params);
         Self {
             key,
@@ -65,7 +114,7 @@ impl<K, A: Algorithm> Entry<K, A> {
     }
 
     /// Moves the entry to another quota (or the same with a new epoch), carrying consumption.
-    pub(crate) fn replace_limit(&mut self, algorithm: &A, limit: Arc<Compiled<A>>, now: u64) {
+    pub(crate) fn replace_limit(&mut self, algorithm: &A, limit: LimitRef<A>, now: u64) {
         let since = self.since_epoch(now).min(self.limit.horizon);
         let snapshot = algorithm.retire(&self.state);
         let (shift, state) = algorithm.carry_over(&self.limit.params, snapshot, &limit.params, since);
