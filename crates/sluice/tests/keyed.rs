@@ -300,3 +300,38 @@ fn an_idle_hot_key_keeps_its_place_and_its_quota_under_a_flood() {
         "{metrics:?}"
     );
 }
+
+#[test]
+fn a_source_handing_out_ever_new_quotas_is_capped_and_reported() {
+    // Key "any-n" gets n+1 per second: a new quota value for every n.
+    let source = FnSource(|key: &String| {
+        let n: u64 = key.split_once('-').unwrap().1.parse().unwrap();
+        async move { FetchResult::Ok(Some(format!("{}/s", n + 1).parse().unwrap())) }
+    });
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&errors);
+    let limiter = KeyedLimiter::builder(TokenBucket, quota("7/s"))
+        .capacity(4096)
+        .source(source)
+        .on_fetch_error(move |key: &String, e| seen.lock().unwrap().push((key.clone(), e.to_string())))
+        .build()
+        .unwrap();
+    // 1024 quotas may be booked, the failsafe and unknown-key quotas among them.
+    for n in 0..1100u64 {
+        limiter.check(&format!("a-{n}"));
+    }
+    assert_eq!(limiter.quota_of("a-5"), Some(quota("6/s")));
+    assert_eq!(limiter.quota_of("a-1020"), Some(quota("1021/s")));
+    // Past the cap, new values are refused: the key stays on the failsafe quota and the hook
+    // says why.
+    assert_eq!(limiter.quota_of("a-1099"), Some(quota("7/s")));
+    {
+        let errors = errors.lock().unwrap();
+        assert_eq!(limiter.metrics().fetch_errors, errors.len() as u64);
+        assert!((70..=80).contains(&errors.len()), "{} errors", errors.len());
+        assert!(errors[0].1.contains("distinct quotas"), "{}", errors[0].1);
+    }
+    // A value already booked still applies to a new key.
+    limiter.check(&"b-5".to_string());
+    assert_eq!(limiter.quota_of("b-5"), Some(quota("6/s")));
+}

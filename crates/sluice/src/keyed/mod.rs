@@ -248,6 +248,7 @@ where
                 shard_bits: shards.trailing_zeros(),
                 hasher: foldhash::fast::RandomState::default(),
                 book: Mutex::new(book),
+                max_quotas: (self.capacity / 8).max(MIN_BOOKED_QUOTAS),
                 failsafe,
                 unknown,
                 refresh_ticks,
@@ -262,6 +263,12 @@ where
         })
     }
 }
+
+/// The fewest distinct quotas a limiter books: an eighth of its capacity, and at least this.
+/// Booked quotas live as long as the limiter, so a source that hands out ever-new quota
+/// values would grow the book without end; past the cap a new value is a fetch error (the
+/// key keeps the quota it has, the error hook hears of it).
+const MIN_BOOKED_QUOTAS: usize = 1024;
 
 /// The book's compiled `quota`, compiled and booked on first use. Booked quotas are boxed and
 /// never removed: entries point at them ([`LimitRef`]).
@@ -338,6 +345,8 @@ struct Inner<K, A: Algorithm, S, C> {
     /// Every quota compiled so far, shared by the keys that have it.
     /// Every quota compiled so far; entries point into it (see [`compile`]).
     book: Mutex<HashMap<Quota, Box<Compiled<A>>>>,
+    /// The most distinct quotas booked (see [`MIN_BOOKED_QUOTAS`]).
+    max_quotas: usize,
     failsafe: LimitRef<A>,
     unknown: LimitRef<A>,
     refresh_ticks: u64,
@@ -683,6 +692,12 @@ where
             None => Ok(self.unknown),
             Some(quota) => {
                 let mut book = self.book.lock().unwrap_or_else(PoisonError::into_inner);
+                if book.len() >= self.max_quotas && !book.contains_key(&quota) {
+                    return Err(FetchError::new(format!(
+                        "quota {quota} not applied: the limiter already holds {} distinct quotas, its most",
+                        book.len()
+                    )));
+                }
                 Ok(compile(&self.algorithm, &mut book, quota)?)
             }
         }
