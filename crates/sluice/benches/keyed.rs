@@ -32,6 +32,10 @@
 //!   `/1` to `/2`. `independent_work` is the machine's own ceiling: each thread runs a loop of
 //!   arithmetic on its own registers (about as long as a check), sharing nothing; a VM whose
 //!   two vCPUs share a physical core cannot do better for any store.
+//! - `two_threads_interleaved`: the same on manual clocks, but every key of thread 1 is
+//!   inserted right after the matching key of thread 0, so the two threads' entries sit side by
+//!   side in memory and are written in lockstep: the worst case for a dense store, where
+//!   writes to neighbouring entries contend for the same cache lines.
 //!
 //! Before measuring, every case is run 1000 times and asserted to admit.
 
@@ -338,6 +342,27 @@ fn two_threads(c: &mut Criterion) {
     group.finish();
 }
 
+fn two_threads_interleaved(c: &mut Criterion) {
+    let mut group = c.benchmark_group("two_threads_interleaved");
+    let manual = sluice_on(NEW_KEY_CAPACITY, ManualClock::new(0));
+    let fake = governor_on(FakeRelativeClock::default());
+    for key in 0..HOT_KEYS {
+        for t in 0..2 {
+            assert!(sluice_check(&manual, t * THREAD_KEY_STRIDE + key));
+            assert!(governor_check(&fake, t * THREAD_KEY_STRIDE + key));
+        }
+    }
+    for threads in [1, 2] {
+        bench_threads(&mut group, "sluice_manual_clock", threads, |key| {
+            sluice_check(&manual, key)
+        });
+        bench_threads(&mut group, "governor_fake_clock", threads, |key| {
+            governor_check(&fake, key)
+        });
+    }
+    group.finish();
+}
+
 fn config() -> Criterion {
     Criterion::default()
         .warm_up_time(Duration::from_secs(1))
@@ -348,6 +373,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = hot_1k, random_1m, new_key, two_threads
+    targets = hot_1k, random_1m, new_key, two_threads, two_threads_interleaved
 }
 criterion_main!(benches);
