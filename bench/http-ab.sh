@@ -8,9 +8,10 @@
 #   admin@example.com is the bypass). Build an older commit's binary with
 #   `git worktree add /tmp/old COMMIT && cargo build --release -p sluice-cli --manifest-path /tmp/old/Cargo.toml`.
 set -euo pipefail
+source "$(dirname "$0")/common.sh"
 A=$1; B=$2; ROUNDS=${3:-8}; ACCOUNT=${4:-alice@example.com}
 DURATION=${DURATION:-3s}; CONNECTIONS=${CONNECTIONS:-100}
-command -v wrk >/dev/null || { echo "wrk is needed (apt-get install wrk)"; exit 1; }
+command -v wrk >/dev/null || install_packages wrk
 
 tmp=$(mktemp -d)
 pids=()
@@ -25,9 +26,7 @@ YAML
 start() { # binary, name: sets url
   "$1" serve --config "$tmp/sluice.yaml" --listen 127.0.0.1:0 >"$tmp/$2.out" 2>"$tmp/$2.err" &
   pids+=($!)
-  for _ in $(seq 100); do grep -q '^listening on ' "$tmp/$2.out" 2>/dev/null && break; sleep 0.1; done
-  url=$(sed -n 's/^listening on //p' "$tmp/$2.out")
-  [ -n "$url" ] || { echo "$1 did not start:"; cat "$tmp/$2.err"; exit 1; }
+  url=$(listening_url "$tmp/$2.out" "$tmp/$2.err")
 }
 start "$A" a; url_a=$url
 start "$B" b; url_b=$url

@@ -16,6 +16,7 @@
 # Installs wrk and nginx from Debian if missing (needs root or sudo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/common.sh
 
 ROUNDS=${1:-5}
 DURATION=${DURATION:-10s}
@@ -26,11 +27,7 @@ NGINX_LIMITED_PORT=${NGINX_LIMITED_PORT:-18482}
 need=()
 command -v wrk >/dev/null || need+=(wrk)
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx-light)
-if [ ${#need[@]} -gt 0 ]; then
-  sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
-fi
+install_packages "${need[@]}"
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
 cargo build --release -q -p sluice-cli
@@ -59,9 +56,7 @@ start_sluice() {
   "$SLUICE" serve --config "$tmp/$1.yaml" --listen 127.0.0.1:0 >"$tmp/$1.out" 2>"$tmp/$1.err" &
   pid=$!
   pids+=("$pid")
-  for _ in $(seq 100); do grep -q '^listening on ' "$tmp/$1.out" 2>/dev/null && break; sleep 0.1; done
-  url=$(sed -n 's/^listening on //p' "$tmp/$1.out")
-  [ -n "$url" ] || { echo "sluice did not start:"; cat "$tmp/$1.err"; exit 1; }
+  url=$(listening_url "$tmp/$1.out" "$tmp/$1.err")
 }
 start_sluice sluice
 SLUICE_URL=$url; sluice_pid=$pid

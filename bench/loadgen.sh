@@ -8,6 +8,7 @@
 #   DURATION=5 CONNECTIONS="8" bench/loadgen.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/common.sh
 DURATION=${DURATION:-10}
 CONNECTIONS=${CONNECTIONS:-"4 48"}
 PORT=${PORT:-18089}
@@ -15,9 +16,7 @@ PORT=${PORT:-18089}
 missing=()
 command -v wrk >/dev/null || missing+=(wrk)
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx)
-if [ ${#missing[@]} -gt 0 ]; then
-  apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+install_packages "${missing[@]}"
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
 cargo build --release -q -p sluice-loadtest --example loadtest

@@ -11,6 +11,7 @@
 #   the top functions by instructions (`callgrind_annotate` on the kept output files).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/common.sh
 BIN=${1:-target/release/sluice}
 shift || true
 ACCOUNTS=("$@")
@@ -19,11 +20,7 @@ ACCOUNTS=("$@")
 need=()
 command -v valgrind >/dev/null || need+=(valgrind)
 command -v wrk >/dev/null || need+=(wrk)
-if [ ${#need[@]} -gt 0 ]; then
-  sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
-fi
+install_packages "${need[@]}"
 [ -x "$BIN" ] || cargo build --release -q -p sluice-cli
 
 out=${OUT:-target/serve-icount}
@@ -40,9 +37,7 @@ for account in "${ACCOUNTS[@]}"; do
     "$BIN" serve --config "$out/sluice.yaml" --threads 1 --listen 127.0.0.1:0 \
     >"$out/$account.out" 2>"$out/$account.err" &
   pid=$!
-  for _ in $(seq 300); do grep -q '^listening on ' "$out/$account.out" 2>/dev/null && break; sleep 0.1; done
-  url=$(sed -n 's/^listening on //p' "$out/$account.out")
-  [ -n "$url" ] || { echo "sluice did not start under valgrind:"; cat "$out/$account.err"; exit 1; }
+  url=$(listening_url "$out/$account.out" "$out/$account.err" 300)
   requests=$(wrk -t1 -c10 -d8s -H "X-Account-ID: $account" "$url/" | awk '/requests in/ {print $1}')
   kill -INT "$pid"
   wait "$pid" || true
