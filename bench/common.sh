@@ -21,3 +21,15 @@ listening_url() { # stdout_file stderr_file [tries]
   [ -n "$url" ] || { echo "sluice did not start:" >&2; cat "$2" >&2; return 1; }
   echo "$url"
 }
+
+# Writes the benchmarks' sluice config to FILE: the demo's bypass (admin@example.com), alice at
+# 1/s as in the seed's run, and an account whose quota no run reaches (bench@example.com).
+write_bench_config() { # file
+  cat > "$1" <<'YAML'
+fetch_latency: 0s
+bypass: [admin@example.com]
+accounts:
+  alice@example.com: 1/s
+  bench@example.com: 1000000000/s
+YAML
+}

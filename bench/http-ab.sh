@@ -17,12 +17,7 @@ tmp=$(mktemp -d)
 pids=()
 cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; rm -rf "$tmp"; }
 trap cleanup EXIT
-cat > "$tmp/sluice.yaml" <<'YAML'
-fetch_latency: 0s
-bypass: [admin@example.com]
-accounts:
-  alice@example.com: 1/s
-YAML
+write_bench_config "$tmp/sluice.yaml"
 start() { # binary, name: sets url
   "$1" serve --config "$tmp/sluice.yaml" --listen 127.0.0.1:0 >"$tmp/$2.out" 2>"$tmp/$2.err" &
   pids+=($!)

@@ -42,14 +42,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# sluice: the demo's bypass and alice, plus an account whose quota wrk cannot reach.
-cat > "$tmp/sluice.yaml" <<'EOF'
-fetch_latency: 0s
-bypass: [admin@example.com]
-accounts:
-  alice@example.com: 1/s
-  bench@example.com: 1000000000/s
-EOF
+write_bench_config "$tmp/sluice.yaml"
 { cat "$tmp/sluice.yaml"; echo "headers: false"; } >"$tmp/sluice-no-fields.yaml"
 # Starts sluice with a config; sets url and pid.
 start_sluice() {

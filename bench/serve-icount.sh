@@ -25,12 +25,7 @@ install_packages "${need[@]}"
 
 out=${OUT:-target/serve-icount}
 mkdir -p "$out"
-cat > "$out/sluice.yaml" <<'YAML'
-fetch_latency: 0s
-bypass: [admin@example.com]
-accounts:
-  alice@example.com: 1/s
-YAML
+write_bench_config "$out/sluice.yaml"
 for account in "${ACCOUNTS[@]}"; do
   file="$out/$account.callgrind"
   valgrind --tool=callgrind --callgrind-out-file="$file" \
