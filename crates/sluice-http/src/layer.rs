@@ -118,8 +118,9 @@ impl Policy {
             return Verdict::Pass(None);
         }
         let cost = self.costs.cost(request.method(), request.uri().path());
-        match self.limiter.check(key, cost).into_ready() {
-            Ok(answer) => self.verdict(answer, || self.limiter.quota(key)),
+        let (check, quota) = self.limiter.check_quoted(key, cost);
+        match check.into_ready() {
+            Ok(answer) => self.verdict(answer, || quota.or_else(|| self.limiter.quota(key))),
             Err(pending) => Verdict::Wait(pending, key.into()),
         }
     }

@@ -19,6 +19,9 @@ use sluice::{Algorithm, CheckError, Clock, Decision, KeyedLimiter, Quota, QuotaS
 /// let decision = KeyLimiter::check(&limiter, "alice", 1).into_ready().ok().unwrap()?;
 /// assert!(decision.is_allowed());
 /// assert_eq!(KeyLimiter::quota(&limiter, "alice"), Some("1/s".parse()?));
+/// let (answer, quota) = KeyLimiter::check_quoted(&limiter, "alice", 1);
+/// assert!(!answer.into_ready().ok().unwrap()?.is_allowed());
+/// assert_eq!(quota, Some("1/s".parse()?));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub trait KeyLimiter: Send + Sync + 'static {
@@ -31,6 +34,13 @@ pub trait KeyLimiter: Send + Sync + 'static {
 
     /// The quota `key` is governed by now, if known (used for the `RateLimit-Policy` field).
     fn quota(&self, key: &str) -> Option<Quota>;
+
+    /// Checks like [`check`](Self::check), with the quota the answer was made under when the
+    /// store has it at hand: one lookup where `check` and then [`quota`](Self::quota) take
+    /// two. The default gives none; the layer then asks `quota` when it writes the fields.
+    fn check_quoted(&self, key: &str, cost: u64) -> (CheckFuture, Option<Quota>) {
+        (self.check(key, cost), None)
+    }
 }
 
 type Answer = Result<Decision, CheckError>;
@@ -115,5 +125,11 @@ where
 
     fn quota(&self, key: &str) -> Option<Quota> {
         self.quota_of(key)
+    }
+
+    #[inline]
+    fn check_quoted(&self, key: &str, cost: u64) -> (CheckFuture, Option<Quota>) {
+        let (answer, quota) = self.check_n_quoted(key, cost);
+        (CheckFuture::ready(answer), Some(quota))
     }
 }

@@ -277,15 +277,16 @@ mod tests {
         let slot = || std::thread::spawn(|| SLOT.with(|slot| slot.0)).join().unwrap();
         let first = slot();
         assert_eq!(slot(), first);
-        // Two live threads hold two different slots.
-        let (tx, rx) = std::sync::mpsc::channel();
+        // Two live threads hold two different slots: the first holds its slot until told.
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
         let hold = std::thread::spawn(move || {
-            let mine = SLOT.with(|slot| slot.0);
-            rx.recv().unwrap();
-            mine
+            held_tx.send(SLOT.with(|slot| slot.0)).unwrap();
+            done_rx.recv().unwrap();
         });
-        let other = slot();
-        tx.send(()).unwrap();
-        assert_ne!(hold.join().unwrap(), other);
+        let held = held_rx.recv().unwrap();
+        assert_ne!(slot(), held);
+        done_tx.send(()).unwrap();
+        hold.join().unwrap();
     }
 }

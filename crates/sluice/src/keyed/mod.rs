@@ -44,6 +44,12 @@ use crate::{Algorithm, CheckError, Clock, Decision, MonotonicClock, Quota, Quota
 /// A boxed background task, as handed to a [`Spawner`].
 pub type Task = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
+/// A check's answer and the quota it was made under.
+type Quoted = (Result<Decision, CheckError>, Quota);
+
+/// A check of a held key: the answer with the receipt a refund needs, and the quota.
+type QuotedTake = (Result<(Decision, Receipt), CheckError>, Quota);
+
 /// Runs background quota fetches: `Arc::new(|task| { tokio::spawn(task); })`.
 pub type Spawner = Arc<dyn Fn(Task) + Send + Sync>;
 
@@ -407,9 +413,33 @@ where
         Q: Hash + Eq + ToOwned + ?Sized,
         Q::Owned: Into<K>,
     {
+        self.check_n_quoted(key, cost).0
+    }
+
+    /// Checks like [`check_n`](Self::check_n) and also says which quota the key was checked
+    /// under (its own once fetched, else the failsafe or unknown-key quota): one lookup where
+    /// `check_n` and then [`quota_of`](Self::quota_of) take two.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{KeyedLimiter, StaticQuotas, TokenBucket};
+    /// let quotas = StaticQuotas::from_iter([("alice".to_string(), "2/s".parse()?)]);
+    /// let limiter = KeyedLimiter::builder(TokenBucket, "10/s".parse()?).source(quotas).build()?;
+    /// let (decision, quota) = limiter.check_n_quoted("alice", 1);
+    /// assert_eq!(decision?.remaining(), 1);
+    /// assert_eq!(quota, "2/s".parse()?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn check_n_quoted<Q>(&self, key: &Q, cost: u64) -> (Result<Decision, CheckError>, Quota)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
         let hash = self.inner.hasher.hash_one(key);
         match self.check_present(hash, key, cost) {
-            Some(result) => result.map(|(decision, _)| decision),
+            Some((result, quota)) => (result.map(|(decision, _)| decision), quota),
             None => self.check_slow(hash, key.to_owned().into(), cost),
         }
     }
@@ -417,12 +447,7 @@ where
     /// The check of a key already stored, under the shard's read lock, with the receipt a
     /// refund needs; `None` if the key is missing or its epoch must move (the slow path).
     #[inline]
-    fn check_present<Q>(
-        &self,
-        hash: u64,
-        key: &Q,
-        cost: u64,
-    ) -> Option<Result<(Decision, Receipt), CheckError>>
+    fn check_present<Q>(&self, hash: u64, key: &Q, cost: u64) -> Option<QuotedTake>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned + ?Sized,
@@ -448,11 +473,12 @@ where
         )?;
         let receipt = Receipt::new(since, entry.epoch);
         let refresh = inner.claim_refresh(entry, seen, now);
+        let quota = limit.quota;
         drop(guard);
         if refresh {
             self.refresh(key.to_owned().into());
         }
-        Some(result.map(|decision| (decision, receipt)))
+        Some((result.map(|decision| (decision, receipt)), quota))
     }
 
     /// Counters: entries held, evictions by reason, refusals, fetches and fetch errors.
@@ -496,7 +522,7 @@ where
 
     /// Inserts the key, moves its epoch or finds it inserted meanwhile: under the write lock.
     #[cold]
-    fn check_slow(&self, hash: u64, key: K, cost: u64) -> Result<Decision, CheckError> {
+    fn check_slow(&self, hash: u64, key: K, cost: u64) -> Quoted {
         let inner = &*self.inner;
         let mut now = inner.clock.now();
         let mut guard = inner.shard(hash).write();
@@ -623,18 +649,18 @@ where
 
     /// Decides on a held entry under the write lock, moving its epoch first if time passed
     /// its horizon.
-    fn decide_held(&self, entry: &mut Entry<K, A>, now: u64, cost: u64) -> Result<Decision, CheckError> {
+    fn decide_held(&self, entry: &mut Entry<K, A>, now: u64, cost: u64) -> Quoted {
         if entry.since_epoch(now) > entry.limit.horizon {
             entry.replace_limit(&self.algorithm, entry.limit, now);
         }
         self.decide_on(entry, now, cost)
     }
 
-    fn decide_on(&self, entry: &Entry<K, A>, now: u64, cost: u64) -> Result<Decision, CheckError> {
+    fn decide_on(&self, entry: &Entry<K, A>, now: u64, cost: u64) -> Quoted {
         let limit = &entry.limit;
         let since = entry.since_epoch(now).min(limit.horizon);
         // Under the write lock (or on a private entry) the state cannot be retired.
-        decide(
+        let result = decide(
             &self.algorithm,
             &limit.quota,
             &limit.params,
@@ -642,7 +668,8 @@ where
             since,
             cost,
         )
-        .unwrap_or(Ok(Decision::denied(limit.quota.capacity(), 0, 0, 1)))
+        .unwrap_or(Ok(Decision::denied(limit.quota.capacity(), 0, 0, 1)));
+        (result, limit.quota)
     }
 
     /// Whether this check should start a refresh, claiming it (so only one thread does).
