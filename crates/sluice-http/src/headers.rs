@@ -66,19 +66,10 @@ impl RateFields {
         }
     }
 
-    /// Prints the two structured fields (one exact-size allocation each), so what is left
-    /// to carry to the response is plain values.
-    pub(crate) fn render(&self, policy: &str) -> Rendered {
-        let window = self.window.map_or(0, |w| 3 + digits(w));
-        let mut text = Vec::with_capacity(policy.len() + 5 + digits(self.quota) + window);
-        put_policy(&mut text, policy);
-        text.extend_from_slice(b";q=");
-        put_u64(&mut text, self.quota);
-        if let Some(w) = self.window {
-            text.extend_from_slice(b";w=");
-            put_u64(&mut text, w);
-        }
-        let policy_value = value(text);
+    /// Prints the fields' values, so what is left to carry to the response is plain values.
+    /// The two that depend only on the policy and the quota come from `policy_values`.
+    pub(crate) fn render(&self, policy_id: u64, policy: &str) -> Rendered {
+        let (policy_value, limit) = policy_values(policy_id, policy, self.quota, self.window);
         let mut text = Vec::with_capacity(policy.len() + 8 + digits(self.remaining) + digits(self.reset));
         put_policy(&mut text, policy);
         text.extend_from_slice(b";r=");
@@ -88,9 +79,73 @@ impl RateFields {
         Rendered {
             policy: policy_value,
             ratelimit: value(text),
+            limit,
             fields: *self,
         }
     }
+}
+
+/// The values a key's quota fixes under one policy: `RateLimit-Policy` and `X-RateLimit-Limit`.
+#[derive(Clone)]
+struct PolicyValues {
+    policy_id: u64,
+    quota: u64,
+    window: Option<u64>,
+    policy: Option<HeaderValue>,
+    limit: HeaderValue,
+}
+
+thread_local! {
+    /// This thread's last policy values: consecutive responses under one quota share them, and
+    /// a copy costs a reference count where printing costs an allocation.
+    static LAST_POLICY: RefCell<Option<PolicyValues>> = const { RefCell::new(None) };
+}
+
+/// `RateLimit-Policy` (none when the quota has no window) and `X-RateLimit-Limit` for `quota`
+/// units per `window` seconds under the policy numbered `policy_id` and named `policy`.
+fn policy_values(
+    policy_id: u64,
+    policy: &str,
+    quota: u64,
+    window: Option<u64>,
+) -> (Option<HeaderValue>, HeaderValue) {
+    let build = || {
+        let width = window.map_or(0, |w| 3 + digits(w));
+        let mut text = Vec::with_capacity(policy.len() + 5 + digits(quota) + width);
+        put_policy(&mut text, policy);
+        text.extend_from_slice(b";q=");
+        put_u64(&mut text, quota);
+        if let Some(w) = window {
+            text.extend_from_slice(b";w=");
+            put_u64(&mut text, w);
+        }
+        PolicyValues {
+            policy_id,
+            quota,
+            window,
+            policy: value(text),
+            limit: number(quota),
+        }
+    };
+    let values = LAST_POLICY
+        .try_with(|last| {
+            let mut last = last.try_borrow_mut().ok()?;
+            if let Some(seen) = last.as_ref()
+                && seen.policy_id == policy_id
+                && seen.quota == quota
+                && seen.window == window
+            {
+                return Some(seen.clone());
+            }
+            let values = build();
+            *last = Some(values.clone());
+            Some(values)
+        })
+        .ok()
+        .flatten()
+        // None: this thread is exiting; build without the cache.
+        .unwrap_or_else(build);
+    (values.policy, values.limit)
 }
 
 /// The fields ready to be written into a response.
@@ -98,6 +153,7 @@ impl RateFields {
 pub(crate) struct Rendered {
     policy: Option<HeaderValue>,
     ratelimit: Option<HeaderValue>,
+    limit: HeaderValue,
     fields: RateFields,
 }
 
@@ -115,7 +171,7 @@ impl Rendered {
             headers.insert(RATELIMIT.clone(), ratelimit);
         }
         let fields = self.fields;
-        headers.insert(X_LIMIT.clone(), number(fields.quota));
+        headers.insert(X_LIMIT.clone(), self.limit);
         headers.insert(X_REMAINING.clone(), number(fields.remaining));
         headers.insert(X_RESET.clone(), number(fields.reset));
         if let Some(retry) = fields.retry_after {
@@ -200,18 +256,8 @@ fn put_policy(text: &mut Vec<u8>, policy: &str) {
 }
 
 /// Prints a number in decimal.
-fn put_u64(text: &mut Vec<u8>, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    text.extend_from_slice(&digits[i..]);
+fn put_u64(text: &mut Vec<u8>, n: u64) {
+    text.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 /// Whether a policy name can be written as a structured-field string.
@@ -228,7 +274,7 @@ mod tests {
 
     fn written(fields: RateFields) -> Vec<(String, String)> {
         let mut headers = HeaderMap::new();
-        fields.render("default").write(&mut headers);
+        fields.render(0, "default").write(&mut headers);
         let mut pairs: Vec<_> = headers
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_string()))
@@ -288,6 +334,35 @@ mod tests {
         ] {
             assert_eq!(number(n).to_str().unwrap(), n.to_string());
         }
+    }
+
+    #[test]
+    fn policy_values_follow_the_policy_and_the_quota() {
+        let fields = |quota, window| RateFields {
+            quota,
+            window,
+            remaining: 1,
+            reset: 1,
+            retry_after: None,
+        };
+        let written = |policy_id, name, f: RateFields| {
+            let mut headers = HeaderMap::new();
+            f.render(policy_id, name).write(&mut headers);
+            let get = |k: &str| headers.get(k).map(|v| v.to_str().unwrap().to_string());
+            (get("ratelimit-policy"), get("x-ratelimit-limit"))
+        };
+        let some = |a: &str, b: &str| (Some(a.to_string()), Some(b.to_string()));
+        // One thread, consecutive responses: each gets its own policy's and quota's values.
+        assert_eq!(written(7, "a", fields(5, Some(2))), some("\"a\";q=5;w=2", "5"));
+        assert_eq!(written(7, "a", fields(5, Some(2))), some("\"a\";q=5;w=2", "5"));
+        assert_eq!(written(7, "a", fields(6, Some(2))), some("\"a\";q=6;w=2", "6"));
+        assert_eq!(written(7, "a", fields(6, Some(3))), some("\"a\";q=6;w=3", "6"));
+        assert_eq!(written(8, "b", fields(6, Some(3))), some("\"b\";q=6;w=3", "6"));
+        assert_eq!(written(8, "b", fields(6, None)), some("\"b\";q=6", "6"));
+        assert_eq!(
+            written(8, "b", fields(123_456, Some(3))),
+            some("\"b\";q=123456;w=3", "123456")
+        );
     }
 
     #[test]

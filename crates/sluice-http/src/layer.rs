@@ -147,7 +147,7 @@ impl Policy {
         *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
         *response.headers_mut() = denial_headers(self.id, fields, || {
             let mut headers = plain_headers();
-            fields.render(&self.policy_name).write(&mut headers);
+            fields.render(self.id, &self.policy_name).write(&mut headers);
             headers
         });
         response
@@ -462,7 +462,7 @@ where
         let kind = match self.policy.decide(&request) {
             Verdict::Pass(fields) => Kind::Inner {
                 future: self.inner.call(request),
-                fields: fields.map(|f| f.render(&self.policy.policy_name)),
+                fields: fields.map(|f| f.render(self.policy.id, &self.policy.policy_name)),
             },
             Verdict::Deny(fields) => Kind::Ready {
                 response: Some(self.policy.denied(fields)),
@@ -549,7 +549,7 @@ where
                     match policy.verdict(answer, || policy.limiter.quota(&key)) {
                         Verdict::Pass(fields) => Kind::Inner {
                             future: inner.call(request),
-                            fields: fields.map(|f| f.render(&policy.policy_name)),
+                            fields: fields.map(|f| f.render(policy.id, &policy.policy_name)),
                         },
                         Verdict::Deny(fields) => Kind::Ready {
                             response: Some(policy.denied(fields)),
