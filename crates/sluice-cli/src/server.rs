@@ -80,8 +80,9 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
     let addr = options.listen.unwrap_or(options.settings.listen);
-    let shared_port = threads > 1;
-    let listener = bind(addr, shared_port).map_err(|source| ServeError::Bind { addr, source })?;
+    let shared_port = threads > 1 && REUSE_PORT;
+    let threads = if shared_port { threads } else { 1 };
+    let listener = bind_first(addr, shared_port).map_err(|source| ServeError::Bind { addr, source })?;
     let bound = listener
         .local_addr()
         .map_err(|source| ServeError::Bind { addr, source })?;
@@ -143,6 +144,26 @@ pub async fn serve(
     Ok(())
 }
 
+/// Whether listeners can share a port here (`SO_REUSEPORT`); without it, one thread serves.
+const REUSE_PORT: bool = cfg!(all(
+    unix,
+    not(any(
+        target_os = "solaris",
+        target_os = "illumos",
+        target_os = "cygwin"
+    ))
+));
+
+/// The first listener on `addr`. A port other processes may share (`SO_REUSEPORT`) is first
+/// bound once without the option, so a port already in use, even by another server that set
+/// it too, is an error rather than silently shared.
+fn bind_first(addr: SocketAddr, shared_port: bool) -> std::io::Result<TcpListener> {
+    if shared_port && addr.port() != 0 {
+        drop(bind(addr, false)?);
+    }
+    bind(addr, shared_port)
+}
+
 /// A listener on `addr`; one of several on the same port when `shared_port`.
 fn bind(addr: SocketAddr, shared_port: bool) -> std::io::Result<TcpListener> {
     let socket = if addr.is_ipv4() {
@@ -159,6 +180,11 @@ fn bind(addr: SocketAddr, shared_port: bool) -> std::io::Result<TcpListener> {
     if shared_port {
         socket.set_reuseport(true)?;
     }
+    #[cfg(not(all(
+        unix,
+        not(any(target_os = "solaris", target_os = "illumos", target_os = "cygwin"))
+    )))]
+    let _ = shared_port;
     socket.bind(addr)?;
     socket.listen(1024)
 }

@@ -382,6 +382,23 @@ fn a_busy_address_is_one_line_and_a_failure() {
     );
 }
 
+#[test]
+fn a_second_server_on_a_busy_port_fails_instead_of_sharing_it() {
+    // The first server listens on one socket per thread (SO_REUSEPORT); a second one, which
+    // would set the option too, must still be refused the port.
+    let (first, _dir) = start(CONFIG);
+    let addr = first.addr.to_string();
+    let out = sluice()
+        .args(["serve", "--threads", "2", "--listen", &addr])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(last.starts_with(&format!("sluice: listen {addr}: ")), "{stderr}");
+    assert_eq!(first.client().as_account(Some("admin@example.com")).status, 200);
+}
+
 /// Reads until the server closes the connection (true) or `within` passes (false).
 fn closed_within(stream: &mut std::net::TcpStream, within: std::time::Duration) -> bool {
     use std::io::Read;
