@@ -3,6 +3,7 @@
 //! `X-RateLimit-*` trio.
 
 use std::cell::RefCell;
+use std::thread::LocalKey;
 
 use bytes::Bytes;
 use http::HeaderMap;
@@ -88,28 +89,54 @@ impl RateFields {
 /// The values a key's quota fixes under one policy: `RateLimit-Policy` and `X-RateLimit-Limit`.
 #[derive(Clone)]
 struct PolicyValues {
-    policy_id: u64,
-    quota: u64,
-    window: Option<u64>,
     policy: Option<HeaderValue>,
     limit: HeaderValue,
 }
 
+/// A thread's one-entry cache: the last key asked for and its value.
+type LastOne<K, V> = RefCell<Option<(K, V)>>;
+
+/// What the policy values depend on: the policy's id, the quota and the window.
+type PolicyKey = (u64, u64, Option<u64>);
+
 thread_local! {
-    /// This thread's last policy values: consecutive responses under one quota share them, and
-    /// a copy costs a reference count where printing costs an allocation.
-    static LAST_POLICY: RefCell<Option<PolicyValues>> = const { RefCell::new(None) };
+    /// This thread's last policy values, by policy id, quota and window: consecutive responses
+    /// under one quota share them, and a copy costs a reference count where printing costs an
+    /// allocation.
+    static LAST_POLICY: LastOne<PolicyKey, PolicyValues> = const { RefCell::new(None) };
 }
 
-/// `RateLimit-Policy` (none when the quota has no window) and `X-RateLimit-Limit` for `quota`
-/// units per `window` seconds under the policy numbered `policy_id` and named `policy`.
+/// The value of `key` in this thread's one-entry `cache`: a copy of the kept one when the key
+/// is the same, else `build()`'s (kept for the next).
+fn last_one<K: PartialEq, V: Clone>(
+    cache: &'static LocalKey<LastOne<K, V>>,
+    key: K,
+    build: impl Fn() -> V,
+) -> V {
+    let cached = cache.try_with(|last| {
+        let mut last = last.try_borrow_mut().ok()?;
+        if let Some((seen, value)) = last.as_ref()
+            && *seen == key
+        {
+            return Some(value.clone());
+        }
+        let value = build();
+        *last = Some((key, value.clone()));
+        Some(value)
+    });
+    // None: this thread is exiting; build without the cache.
+    cached.ok().flatten().unwrap_or_else(build)
+}
+
+/// `RateLimit-Policy` and `X-RateLimit-Limit` for `quota` units per `window` seconds under the
+/// policy numbered `policy_id` and named `policy`.
 fn policy_values(
     policy_id: u64,
     policy: &str,
     quota: u64,
     window: Option<u64>,
 ) -> (Option<HeaderValue>, HeaderValue) {
-    let build = || {
+    let values = last_one(&LAST_POLICY, (policy_id, quota, window), || {
         let width = window.map_or(0, |w| 3 + digits(w));
         let mut text = Vec::with_capacity(policy.len() + 5 + digits(quota) + width);
         put_policy(&mut text, policy);
@@ -120,31 +147,10 @@ fn policy_values(
             put_u64(&mut text, w);
         }
         PolicyValues {
-            policy_id,
-            quota,
-            window,
             policy: value(text),
             limit: number(quota),
         }
-    };
-    let values = LAST_POLICY
-        .try_with(|last| {
-            let mut last = last.try_borrow_mut().ok()?;
-            if let Some(seen) = last.as_ref()
-                && seen.policy_id == policy_id
-                && seen.quota == quota
-                && seen.window == window
-            {
-                return Some(seen.clone());
-            }
-            let values = build();
-            *last = Some(values.clone());
-            Some(values)
-        })
-        .ok()
-        .flatten()
-        // None: this thread is exiting; build without the cache.
-        .unwrap_or_else(build);
+    });
     (values.policy, values.limit)
 }
 
@@ -181,28 +187,16 @@ impl Rendered {
 }
 
 thread_local! {
-    /// The header block of this thread's last denial. A flood of denials under one quota
-    /// repeats the same fields, and copying a built map costs a fraction of building it.
-    static LAST_DENIAL: RefCell<Option<(u64, RateFields, HeaderMap)>> = const { RefCell::new(None) };
+    /// The header block of this thread's last denial, by policy id and fields. A flood of
+    /// denials under one quota repeats the same fields, and copying a built map costs a
+    /// fraction of building it.
+    static LAST_DENIAL: LastOne<(u64, RateFields), HeaderMap> = const { RefCell::new(None) };
 }
 
 /// The header block of a denial with `fields` under the policy numbered `policy_id`: a copy
-/// of this thread's last one when it is the same, else `build()`'s (kept for the next).
+/// of this thread's last one when it is the same, else `build()`'s.
 pub(crate) fn denial_headers(policy_id: u64, fields: RateFields, build: impl Fn() -> HeaderMap) -> HeaderMap {
-    let cached = LAST_DENIAL.try_with(|last| {
-        let mut last = last.try_borrow_mut().ok()?;
-        if let Some((id, seen, headers)) = last.as_ref()
-            && *id == policy_id
-            && *seen == fields
-        {
-            return Some(headers.clone());
-        }
-        let headers = build();
-        *last = Some((policy_id, fields, headers.clone()));
-        Some(headers)
-    });
-    // None: this thread is exiting; build without the cache.
-    cached.ok().flatten().unwrap_or_else(build)
+    last_one(&LAST_DENIAL, (policy_id, fields), build)
 }
 
 /// How many decimal digits `n` has.
