@@ -143,14 +143,12 @@ impl Policy {
     }
 
     fn denied<B: From<&'static str>>(&self, fields: RateFields) -> Response<B> {
-        let mut response = Response::new(B::from(EXCEEDED_BODY));
-        *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-        *response.headers_mut() = denial_headers(self.id, fields, || {
+        let headers = denial_headers(self.id, fields, || {
             let mut headers = plain_headers();
             fields.render(self.id, &self.policy_name).write(&mut headers);
             headers
         });
-        response
+        plain(StatusCode::TOO_MANY_REQUESTS, EXCEEDED_BODY, headers)
     }
 
     fn bad_key<B: From<&'static str>>(rejection: KeyRejection) -> Response<B> {
@@ -158,7 +156,7 @@ impl Policy {
             KeyRejection::TooLong => "Key too long",
             KeyRejection::NotText => "Key is not text",
         };
-        plain(StatusCode::BAD_REQUEST, body)
+        plain(StatusCode::BAD_REQUEST, body, plain_headers())
     }
 }
 
@@ -307,7 +305,7 @@ impl RateLimitBuilder {
 /// # Example
 /// ```
 /// use std::convert::Infallible;
-/// use http::{HeaderMap, Request, Response, StatusCode};
+/// use http::{Request, Response, StatusCode};
 /// use sluice::{KeyedLimiter, StaticQuotas, TokenBucket};
 /// use sluice_http::{KeyPart, RateLimitLayer};
 /// use tower_layer::Layer;
@@ -430,10 +428,11 @@ impl<S: std::fmt::Debug> std::fmt::Debug for RateLimit<S> {
     }
 }
 
-fn plain<B: From<&'static str>>(status: StatusCode, body: &'static str) -> Response<B> {
+/// One of the layer's own answers.
+fn plain<B: From<&'static str>>(status: StatusCode, body: &'static str, headers: HeaderMap) -> Response<B> {
     let mut response = Response::new(B::from(body));
     *response.status_mut() = status;
-    *response.headers_mut() = plain_headers();
+    *response.headers_mut() = headers;
     response
 }
 

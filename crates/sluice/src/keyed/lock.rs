@@ -101,7 +101,7 @@ impl<T> StripedRwLock<T> {
     /// This thread's stripe, and whether the thread owns it.
     #[inline]
     fn stripe(&self) -> (&AtomicUsize, bool) {
-        // No slot while the thread's locals are being torn down: share the first stripe.
+        // No slot while the thread's locals are being torn down: use a shared stripe.
         let slot = SLOT.try_with(|slot| slot.0).unwrap_or(usize::MAX);
         if slot < self.owned {
             (&self.stripes[slot].0, true)

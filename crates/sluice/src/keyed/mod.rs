@@ -348,8 +348,8 @@ struct Inner<K, A: Algorithm, S, C> {
     shards: Box<[StripedRwLock<Shard<K, A>>]>,
     shard_bits: u32,
     hasher: foldhash::fast::RandomState,
-    /// Every quota compiled so far, shared by the keys that have it.
-    /// Every quota compiled so far; entries point into it (see [`compile`]).
+    /// Every quota compiled so far, shared by the keys that have it; entries point into it
+    /// (see [`compile`]).
     book: Mutex<HashMap<Quota, Box<Compiled<A>>>>,
     /// The most distinct quotas booked (see [`MIN_BOOKED_QUOTAS`]).
     max_quotas: usize,
