@@ -6,13 +6,14 @@
 //!
 //! Both sides use a token bucket (GCRA) of `1e9/s`, burst 1 000 000, so no check is ever
 //! denied: every check is an admitted check that writes its key's state. Every group runs
-//! twice: on each side's default real clock (ids `sluice` and `governor`; sluice: std
-//! `Instant`; governor: quanta; `direct`'s `clock/*` group compares the two), and on each
-//! side's manual clock (ids `sluice_manual_clock` and `governor_fake_clock`), which leaves the
-//! store's own cost, whatever the clock costs on the machine. In `new_key` the manual clocks
-//! advance by 1 µs per check (inside the measurement on both sides), so used buckets are full
-//! again as they are on a real clock. Keys are `u64`. Each side keeps its default hasher (sluice: foldhash; governor: std's
-//! SipHash `RandomState`); that is part of what is compared.
+//! twice: on each side's default real clock (ids `sluice` and `governor`; sluice:
+//! `MonotonicClock`, governor: quanta, both reading the TSC here; `direct`'s `clock/*` group
+//! compares them), and on each side's manual clock (ids `sluice_manual_clock` and
+//! `governor_fake_clock`), which leaves the store's own cost, whatever the clock costs on the
+//! machine. In `new_key` the manual clocks advance by 1 µs per check (inside the measurement
+//! on both sides), so used buckets are full again as they are on a real clock. Keys are
+//! `u64`. Each side keeps its default hasher (sluice: foldhash; governor: std's SipHash
+//! `RandomState`); that is part of what is compared.
 //!
 //! Groups:
 //! - `hot_1k`: 1000 keys, cycled in order; all present after the first round.

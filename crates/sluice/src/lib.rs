@@ -47,6 +47,7 @@ mod error;
 pub mod keyed;
 mod limiter;
 mod quota;
+mod tsc;
 pub mod wait;
 
 pub use algorithm::{
