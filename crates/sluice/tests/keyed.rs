@@ -335,3 +335,22 @@ fn a_source_handing_out_ever_new_quotas_is_capped_and_reported() {
     limiter.check(&"b-5".to_string());
     assert_eq!(limiter.quota_of("b-5"), Some(quota("6/s")));
 }
+
+#[test]
+fn a_capacity_beyond_one_shards_index_takes_more_shards() {
+    // One shard indexes at most 1 048 575 keys; asked for one shard and more capacity, the
+    // builder adds shards rather than silently holding less.
+    let limiter = KeyedLimiter::<u64, _>::builder(TokenBucket, quota("1000/s"))
+        .unknown_key_quota(quota("1000/s"))
+        .capacity(1_200_000)
+        .shards(1)
+        .build()
+        .unwrap();
+    assert!(format!("{limiter:?}").contains("shards: 2"), "{limiter:?}");
+    for key in 0..1_200_000u64 {
+        assert!(limiter.check(&key).is_allowed());
+    }
+    let held = limiter.metrics().entries;
+    // The two shards fill unevenly, so a few keys find theirs full.
+    assert!(held > 1_190_000, "{held} keys held");
+}

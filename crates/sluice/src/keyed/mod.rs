@@ -33,6 +33,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use index::MAX_ENTRIES;
 use lock::StripedRwLock;
 use shard::{Compiled, Entry, LimitRef, Room, Shard, meta};
 pub use source::{FetchError, FetchResult, FnSource, QuotaSource, StaticQuotas};
@@ -115,7 +116,8 @@ pub struct KeyedBuilder<K, A, S, C> {
 }
 
 impl<K, A, S, C> KeyedBuilder<K, A, S, C> {
-    /// The most keys held at once (default 100 000; at most 16 777 215 per shard).
+    /// The most keys held at once (default 100 000). A shard holds at most 1 048 575, so a
+    /// larger capacity takes more shards than asked for (up to 65 536 of them).
     pub fn capacity(mut self, entries: usize) -> Self {
         self.capacity = entries.max(1);
         self
@@ -123,7 +125,7 @@ impl<K, A, S, C> KeyedBuilder<K, A, S, C> {
 
     /// The number of shards, rounded up to a power of two (default: 16 per core, at most 1024).
     pub fn shards(mut self, shards: usize) -> Self {
-        self.shards = Some(shards.clamp(1, 1 << 16));
+        self.shards = Some(shards.clamp(1, MAX_SHARDS));
         self
     }
 
@@ -237,7 +239,14 @@ where
     /// [`QuotaError`] if the algorithm cannot hold the failsafe or unknown-key quota.
     pub fn build(self) -> Result<KeyedLimiter<K, A, S, C>, QuotaError> {
         let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
-        let shards = self.shards.unwrap_or(cores * 16).min(1024).next_power_of_two();
+        // A shard indexes at most `MAX_ENTRIES`: a larger capacity takes more shards.
+        let shards = self
+            .shards
+            .unwrap_or(cores * 16)
+            .min(1024)
+            .max(self.capacity.div_ceil(MAX_ENTRIES))
+            .min(MAX_SHARDS)
+            .next_power_of_two();
         // Reader stripes (see `lock.rs`): owned by the first thread per core and one more (a
         // main thread, say; at most 32), shared by the rest (one per two cores, at most 8).
         let (owned, shared) = ((cores + 1).min(32), cores.div_ceil(2).min(8));
@@ -269,6 +278,9 @@ where
         })
     }
 }
+
+/// The most shards a limiter has.
+const MAX_SHARDS: usize = 1 << 16;
 
 /// The fewest distinct quotas a limiter books: an eighth of its capacity, and at least this.
 /// Booked quotas live as long as the limiter, so a source that hands out ever-new quota
@@ -455,7 +467,12 @@ where
     {
         let inner = &*self.inner;
         let guard = inner.shard(hash).read();
-        let entry = &guard.entries[guard.find(hash, key)?];
+        let Some(i) = guard.find(hash, key) else {
+            // A new key: what the slow path will need is loaded on the way there.
+            guard.prefetch_room(hash);
+            return None;
+        };
+        let entry = &guard.entries[i];
         let now = inner.clock.now();
         let since = entry.since_epoch(now);
         if since > entry.limit.horizon {

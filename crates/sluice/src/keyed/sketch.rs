@@ -39,6 +39,13 @@ impl FrequencySketch {
         (block, [at(0), at(1), at(2), at(3)])
     }
 
+    /// Starts loading the block of `hash` into the cache (see [`super::shard::prefetch`]).
+    pub(crate) fn prefetch(&self, hash: u64) {
+        if let Some(block) = self.blocks.get(self.slots(hash).0) {
+            super::shard::prefetch(block);
+        }
+    }
+
     /// Counts one sighting of `hash` and returns its estimated recent frequency.
     pub(crate) fn record(&mut self, hash: u64) -> u8 {
         let (block, slots) = self.slots(hash);
