@@ -69,9 +69,18 @@ static SOURCE: OnceLock<Source> = OnceLock::new();
 #[inline]
 pub(crate) fn now() -> u64 {
     match SOURCE.get() {
-        Some(Source::Counter(scale)) => scale.nanos(read_counter()),
-        Some(Source::Instant) => instant_nanos(origin().instant),
+        Some(source) => source.read(),
         None => unsettled_now(),
+    }
+}
+
+impl Source {
+    #[inline]
+    fn read(&self) -> u64 {
+        match self {
+            Source::Counter(scale) => scale.nanos(read_counter()),
+            Source::Instant => instant_nanos(origin().instant),
+        }
     }
 }
 
@@ -88,23 +97,21 @@ fn unsettled_now() -> u64 {
     if nanos < CALIBRATION.as_nanos() as u64 {
         return nanos;
     }
-    let source = SOURCE.get_or_init(|| {
-        let (anchor_nanos, anchor_ticks) = paired_reading(origin.instant);
-        let ticks = anchor_ticks.saturating_sub(start_ticks);
-        // A counter that did not move (or a rate beyond 2^32 ns per tick) is not a clock.
-        match ((u128::from(anchor_nanos) << 32) / u128::from(ticks.max(1))).try_into() {
-            Ok(nanos_per_tick) if ticks > 0 && nanos_per_tick > 0 => Source::Counter(Scale {
-                anchor_nanos,
-                anchor_ticks,
-                nanos_per_tick,
-            }),
-            _ => Source::Instant,
-        }
-    });
-    match source {
-        Source::Counter(scale) => scale.nanos(read_counter()),
-        Source::Instant => instant_nanos(origin.instant),
-    }
+    SOURCE
+        .get_or_init(|| {
+            let (anchor_nanos, anchor_ticks) = paired_reading(origin.instant);
+            let ticks = anchor_ticks.saturating_sub(start_ticks);
+            // A counter that did not move (or a rate beyond 2^32 ns per tick) is not a clock.
+            match ((u128::from(anchor_nanos) << 32) / u128::from(ticks.max(1))).try_into() {
+                Ok(nanos_per_tick) if ticks > 0 && nanos_per_tick > 0 => Source::Counter(Scale {
+                    anchor_nanos,
+                    anchor_ticks,
+                    nanos_per_tick,
+                }),
+                _ => Source::Instant,
+            }
+        })
+        .read()
 }
 
 /// An `Instant` reading (as nanoseconds since `origin`) and the counter at the same moment:
