@@ -38,78 +38,28 @@
 //!   side in memory and are written in lockstep: the worst case for a dense store, where
 //!   writes to neighbouring entries contend for the same cache lines.
 //!
-//! Before measuring, every case is run 1000 times and asserted to admit.
+//! Before measuring, every case is run 1000 times and asserted to admit. The single-thread
+//! cases are set up in `common/mod.rs`, shared with the `keyed_paired` bench, which runs the
+//! two sides alternately in one process for ratios that hold still on a noisy machine.
 
-use std::num::NonZeroU32;
+mod common;
+
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::{
+    Case, Cycle, GovernorCase, HOT_KEYS, NEW_KEY_CAPACITY, SluiceCase, Step, governor_check, governor_on,
+    sluice_check, sluice_on,
+};
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, BenchmarkId, Criterion, black_box, criterion_group, criterion_main};
 use governor::clock::{DefaultClock, FakeRelativeClock};
-use governor::middleware::NoOpMiddleware;
-use governor::state::keyed::DashMapStateStore;
-use sluice::{KeyedLimiter, ManualClock, MonotonicClock, Quota, StaticQuotas, TokenBucket};
+use sluice::{ManualClock, MonotonicClock};
 
-/// The limit of every key: never exhausted by a benchmark loop.
-const RATE: u32 = 1_000_000_000;
-const BURST: u32 = 1_000_000;
-const SLUICE_QUOTA: &str = "1000000000/s burst 1000000";
-
-const HOT_KEYS: u64 = 1000;
-const RANDOM_KEYS: u64 = 1_000_000;
-const NEW_KEY_CAPACITY: usize = 100_000;
-/// governor sweeps its map (`retain_recent`) once per this many new keys.
-const GOVERNOR_RETAIN_EVERY: u64 = 100_000;
 /// Where thread `t`'s keys start in `two_threads`: `t * THREAD_KEY_STRIDE`.
 const THREAD_KEY_STRIDE: u64 = 1 << 32;
 
 type Group<'a> = BenchmarkGroup<'a, WallTime>;
-/// The manual clocks' step per check in `new_key`.
-const NEW_KEY_STEP: Duration = Duration::from_micros(1);
-
-type Sluice<C = MonotonicClock> = KeyedLimiter<u64, TokenBucket, StaticQuotas<u64>, C>;
-type Governor<C = DefaultClock> = governor::RateLimiter<
-    u64,
-    DashMapStateStore<u64>,
-    C,
-    NoOpMiddleware<<C as governor::clock::Clock>::Instant>,
->;
-
-fn sluice_on<C: sluice::Clock + 'static>(capacity: usize, clock: C) -> Sluice<C> {
-    let quota: Quota = SLUICE_QUOTA.parse().expect("valid quota");
-    KeyedLimiter::builder(TokenBucket, quota)
-        .capacity(capacity)
-        .unknown_key_quota(quota)
-        .clock(clock)
-        .build()
-        .expect("valid quota")
-}
-
-fn sluice(capacity: usize) -> Sluice {
-    sluice_on(capacity, MonotonicClock)
-}
-
-fn governor_on<C: governor::clock::Clock>(clock: C) -> Governor<C> {
-    let quota = governor::Quota::per_second(nonzero(RATE)).allow_burst(nonzero(BURST));
-    governor::RateLimiter::dashmap_with_clock(quota, clock)
-}
-
-fn governor() -> Governor {
-    governor_on(DefaultClock::default())
-}
-
-fn nonzero(n: u32) -> NonZeroU32 {
-    NonZeroU32::new(n).expect("rates are positive")
-}
-
-fn sluice_check<C: sluice::Clock + 'static>(limiter: &Sluice<C>, key: u64) -> bool {
-    black_box(black_box(limiter).check(&black_box(key))).is_allowed()
-}
-
-fn governor_check<C: governor::clock::Clock>(limiter: &Governor<C>, key: u64) -> bool {
-    black_box(black_box(limiter).check_key(&black_box(key))).is_ok()
-}
 
 /// Benchmarks `check` as `group/who`, after asserting that it admits.
 fn bench_check(group: &mut Group, who: &str, mut check: impl FnMut() -> bool) {
@@ -119,167 +69,53 @@ fn bench_check(group: &mut Group, who: &str, mut check: impl FnMut() -> bool) {
     group.bench_function(who, |b| b.iter(&mut check));
 }
 
-/// `0, 1, ..., n - 1, 0, 1, ...` without a division.
-struct Cycle {
-    next: u64,
-    n: u64,
+/// A single-thread case's group: each side on its real clock, then on its manual clock.
+fn single(c: &mut Criterion, case: Case) {
+    let mut group = c.benchmark_group(case.name());
+    bench_sluice(&mut group, "sluice", case, MonotonicClock);
+    bench_governor(&mut group, "governor", case, DefaultClock::default());
+    bench_sluice(&mut group, "sluice_manual_clock", case, ManualClock::new(0));
+    bench_governor(
+        &mut group,
+        "governor_fake_clock",
+        case,
+        FakeRelativeClock::default(),
+    );
+    group.finish();
 }
 
-impl Cycle {
-    fn new(n: u64) -> Self {
-        Self { next: 0, n }
-    }
-
-    fn next(&mut self) -> u64 {
-        let key = self.next;
-        self.next += 1;
-        if self.next == self.n {
-            self.next = 0;
-        }
-        key
-    }
+fn bench_sluice<C: sluice::Clock + Step + Clone + 'static>(
+    group: &mut Group,
+    who: &str,
+    case: Case,
+    clock: C,
+) {
+    let mut side = SluiceCase::new(case, clock);
+    bench_check(group, who, || side.check());
+    side.verify();
 }
 
-/// Uniform keys in `0..n` from xorshift64 (fixed seed, so both sides see the same sequence).
-struct Random {
-    state: u64,
-    n: u64,
-}
-
-impl Random {
-    fn new(n: u64) -> Self {
-        Self {
-            state: 0x9E37_79B9_7F4A_7C15,
-            n,
-        }
-    }
-
-    fn next(&mut self) -> u64 {
-        let mut x = self.state;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.state = x;
-        // The top 32 bits scaled to 0..n (n < 2^32), without a division.
-        ((x >> 32) * self.n) >> 32
-    }
-}
-
-/// Advances a manual clock by [`NEW_KEY_STEP`] (the real clocks advance by themselves).
-trait Step {
-    fn step(&self) {}
-}
-
-impl Step for MonotonicClock {}
-impl Step for DefaultClock {}
-
-impl Step for ManualClock {
-    fn step(&self) {
-        self.advance(NEW_KEY_STEP);
-    }
-}
-
-impl Step for FakeRelativeClock {
-    fn step(&self) {
-        self.advance(NEW_KEY_STEP);
-    }
+fn bench_governor<C: governor::clock::Clock + Step + Clone>(
+    group: &mut Group,
+    who: &str,
+    case: Case,
+    clock: C,
+) {
+    let mut side = GovernorCase::new(case, clock);
+    bench_check(group, who, || side.check());
+    side.verify();
 }
 
 fn hot_1k(c: &mut Criterion) {
-    let mut group = c.benchmark_group("hot_1k");
-    hot_1k_sluice(&mut group, "sluice", MonotonicClock);
-    hot_1k_governor(&mut group, "governor", DefaultClock::default());
-    hot_1k_sluice(&mut group, "sluice_manual_clock", ManualClock::new(0));
-    hot_1k_governor(&mut group, "governor_fake_clock", FakeRelativeClock::default());
-    group.finish();
-}
-
-fn hot_1k_sluice<C: sluice::Clock + 'static>(group: &mut Group, who: &str, clock: C) {
-    let limiter = sluice_on(NEW_KEY_CAPACITY, clock);
-    let mut keys = Cycle::new(HOT_KEYS);
-    bench_check(group, who, || sluice_check(&limiter, keys.next()));
-}
-
-fn hot_1k_governor<C: governor::clock::Clock>(group: &mut Group, who: &str, clock: C) {
-    let reference = governor_on(clock);
-    let mut keys = Cycle::new(HOT_KEYS);
-    bench_check(group, who, || governor_check(&reference, keys.next()));
+    single(c, Case::Hot1k);
 }
 
 fn random_1m(c: &mut Criterion) {
-    let mut group = c.benchmark_group("random_1m");
-    random_1m_sluice(&mut group, "sluice", MonotonicClock);
-    random_1m_governor(&mut group, "governor", DefaultClock::default());
-    random_1m_sluice(&mut group, "sluice_manual_clock", ManualClock::new(0));
-    random_1m_governor(&mut group, "governor_fake_clock", FakeRelativeClock::default());
-    group.finish();
-}
-
-fn random_1m_sluice<C: sluice::Clock + 'static>(group: &mut Group, who: &str, clock: C) {
-    let limiter = sluice_on(2 * RANDOM_KEYS as usize, clock);
-    for key in 0..RANDOM_KEYS {
-        assert!(limiter.check(&key).is_allowed());
-    }
-    assert_eq!(limiter.metrics().entries, RANDOM_KEYS, "sluice holds every key");
-    let mut keys = Random::new(RANDOM_KEYS);
-    bench_check(group, who, || sluice_check(&limiter, keys.next()));
-}
-
-fn random_1m_governor<C: governor::clock::Clock>(group: &mut Group, who: &str, clock: C) {
-    let reference = governor_on(clock);
-    for key in 0..RANDOM_KEYS {
-        assert!(reference.check_key(&key).is_ok());
-    }
-    assert_eq!(reference.len(), RANDOM_KEYS as usize, "governor holds every key");
-    let mut keys = Random::new(RANDOM_KEYS);
-    bench_check(group, who, || governor_check(&reference, keys.next()));
+    single(c, Case::Random1m);
 }
 
 fn new_key(c: &mut Criterion) {
-    let mut group = c.benchmark_group("new_key");
-    new_key_sluice(&mut group, "sluice", MonotonicClock);
-    new_key_governor(&mut group, "governor", DefaultClock::default());
-    new_key_sluice(&mut group, "sluice_manual_clock", ManualClock::new(0));
-    new_key_governor(&mut group, "governor_fake_clock", FakeRelativeClock::default());
-    group.finish();
-}
-
-fn new_key_sluice<C: sluice::Clock + Step + Clone + 'static>(group: &mut Group, who: &str, clock: C) {
-    // Capacity 100 000: once full, every new key evicts one (an idle one, see the top).
-    let limiter = sluice_on(NEW_KEY_CAPACITY, clock.clone());
-    for key in 0..2 * NEW_KEY_CAPACITY as u64 {
-        clock.step();
-        assert!(limiter.check(&key).is_allowed());
-    }
-    let mut next = 2 * NEW_KEY_CAPACITY as u64;
-    bench_check(group, who, || {
-        next += 1;
-        clock.step();
-        sluice_check(&limiter, next)
-    });
-    let metrics = limiter.metrics();
-    assert!(
-        metrics.entries <= NEW_KEY_CAPACITY as u64 && metrics.evicted_idle > 0,
-        "sluice stays bounded by evicting: {metrics:?}"
-    );
-}
-
-fn new_key_governor<C: governor::clock::Clock + Step + Clone>(group: &mut Group, who: &str, clock: C) {
-    // Unbounded map: swept every 100 000 new keys, the sweep inside the measurement.
-    let reference = governor_on(clock.clone());
-    let mut next = 0u64;
-    bench_check(group, who, || {
-        next += 1;
-        clock.step();
-        if next % GOVERNOR_RETAIN_EVERY == 0 {
-            reference.retain_recent();
-        }
-        governor_check(&reference, next)
-    });
-    assert!(
-        reference.len() <= GOVERNOR_RETAIN_EVERY as usize,
-        "governor's sweep keeps it bounded"
-    );
+    single(c, Case::NewKey);
 }
 
 /// `two_threads/who/threads`: `threads` threads, each checking its own [`HOT_KEYS`] keys.
@@ -323,8 +159,8 @@ fn independent_work(key: u64) -> bool {
 
 fn two_threads(c: &mut Criterion) {
     let mut group = c.benchmark_group("two_threads");
-    let limiter = sluice(NEW_KEY_CAPACITY);
-    let reference = governor();
+    let limiter = sluice_on(NEW_KEY_CAPACITY, MonotonicClock);
+    let reference = governor_on(DefaultClock::default());
     let manual = sluice_on(NEW_KEY_CAPACITY, ManualClock::new(0));
     let fake = governor_on(FakeRelativeClock::default());
     for threads in [1, 2] {

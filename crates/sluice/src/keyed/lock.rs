@@ -114,20 +114,31 @@ impl<T> StripedRwLock<T> {
     #[inline]
     pub(crate) fn read(&self) -> ReadGuard<'_, T> {
         let (stripe, owned) = self.stripe();
+        stripe.fetch_add(1, Ordering::SeqCst);
+        if self.writing.load(Ordering::SeqCst) {
+            self.wait_out_writer(stripe, owned);
+        }
+        ReadGuard {
+            lock: self,
+            stripe,
+            owned,
+        }
+    }
+
+    /// A reader counted in `stripe` met a writer: steps back so the writer can drain the
+    /// stripes, waits for it, and counts itself again; returns counted, with no writer in.
+    #[cold]
+    #[inline(never)]
+    fn wait_out_writer(&self, stripe: &AtomicUsize, owned: bool) {
         let mut round = 0;
         loop {
-            stripe.fetch_add(1, Ordering::SeqCst);
-            if !self.writing.load(Ordering::SeqCst) {
-                return ReadGuard {
-                    lock: self,
-                    stripe,
-                    owned,
-                };
-            }
-            // A writer is in: step back so it can drain the stripes, and wait for it.
             leave(stripe, owned);
             while self.writing.load(Ordering::Acquire) {
                 backoff(&mut round);
+            }
+            stripe.fetch_add(1, Ordering::SeqCst);
+            if !self.writing.load(Ordering::SeqCst) {
+                return;
             }
         }
     }

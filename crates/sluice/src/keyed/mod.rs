@@ -442,7 +442,7 @@ where
     /// assert_eq!(quota, "2/s".parse()?);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    #[inline]
+    #[inline(always)]
     pub fn check_n_quoted<Q>(&self, key: &Q, cost: u64) -> (Result<Decision, CheckError>, Quota)
     where
         K: Borrow<Q>,
@@ -458,7 +458,7 @@ where
 
     /// The check of a key already stored, under the shard's read lock, with the receipt a
     /// refund needs; `None` if the key is missing or its epoch must move (the slow path).
-    #[inline]
+    #[inline(always)]
     fn check_present<Q>(&self, hash: u64, key: &Q, cost: u64) -> Option<QuotedTake>
     where
         K: Borrow<Q>,
