@@ -12,7 +12,13 @@
 # and prints the median requests/s and server CPU time per request of each, with the median
 # over rounds of its ratio to sluice's control in the same round.
 #
-# Usage: bench/http.sh [ROUNDS]   (default 5; DURATION=10s, CONNECTIONS=100 in the environment)
+# Workers: with WORKERS=1 (the default) each server runs one worker (`sluice serve --threads 1`,
+# nginx `worker_processes 1`), so on a 2-core machine each has a core and wrk the other; with
+# WORKERS=all each runs one per core (sluice's default, nginx `worker_processes auto`), and
+# both then share their cores with wrk.
+#
+# Usage: bench/http.sh [ROUNDS]   (default 5; DURATION=10s, CONNECTIONS=100, WORKERS=1 in the
+# environment)
 # Installs wrk and nginx from Debian if missing (needs root or sudo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +29,12 @@ DURATION=${DURATION:-10s}
 CONNECTIONS=${CONNECTIONS:-100}
 NGINX_PORT=${NGINX_PORT:-18481}
 NGINX_LIMITED_PORT=${NGINX_LIMITED_PORT:-18482}
+WORKERS=${WORKERS:-1}
+case "$WORKERS" in
+  1) sluice_threads=(--threads 1); nginx_workers=1 ;;
+  all) sluice_threads=(); nginx_workers=auto ;;
+  *) echo "bench/http.sh: WORKERS must be 1 or all, not '$WORKERS'" >&2; exit 2 ;;
+esac
 
 need=()
 command -v wrk >/dev/null || need+=(wrk)
@@ -46,7 +58,8 @@ write_bench_config "$tmp/sluice.yaml"
 { cat "$tmp/sluice.yaml"; echo "headers: false"; } >"$tmp/sluice-no-fields.yaml"
 # Starts sluice with a config; sets url and pid.
 start_sluice() {
-  "$SLUICE" serve --config "$tmp/$1.yaml" --listen 127.0.0.1:0 >"$tmp/$1.out" 2>"$tmp/$1.err" &
+  "$SLUICE" serve "${sluice_threads[@]}" --config "$tmp/$1.yaml" --listen 127.0.0.1:0 \
+    >"$tmp/$1.out" 2>"$tmp/$1.err" &
   pid=$!
   pids+=("$pid")
   url=$(listening_url "$tmp/$1.out" "$tmp/$1.err")
@@ -56,10 +69,10 @@ SLUICE_URL=$url; sluice_pid=$pid
 start_sluice sluice-no-fields
 NO_FIELDS_URL=$url; no_fields_pid=$pid
 
-# nginx: one worker, no logs, the same two answers as sluice.
+# nginx: $nginx_workers worker(s), no logs, the same two answers as sluice.
 mkdir -p "$tmp/nginx/logs" "$tmp/nginx/html"
 cat > "$tmp/nginx/nginx.conf" <<EOF
-worker_processes 1;
+worker_processes $nginx_workers;
 pid $tmp/nginx/nginx.pid;
 error_log $tmp/nginx/logs/error.log warn;
 events { worker_connections 1024; }
@@ -86,11 +99,16 @@ EOF
 pids+=($!)
 nginx_master=$!
 for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$NGINX_PORT/" && break; sleep 0.1; done
-nginx_worker=$(pgrep -P "$nginx_master" | head -1)
+nginx_workers_pids=$(pgrep -P "$nginx_master" | tr '\n' ' ')
 
-# CPU time a process has used, in clock ticks (user + system): the server's cost per request,
-# which other load on the machine disturbs far less than its throughput.
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# CPU time the processes (a space-separated list) have used, in clock ticks (user + system):
+# the server's cost per request, which other load on the machine disturbs far less than its
+# throughput.
+ticks() {
+  local pid total=0
+  for pid in $1; do total=$((total + $(awk '{print $14 + $15}' "/proc/$pid/stat"))); done
+  echo "$total"
+}
 HZ=$(getconf CLK_TCK)
 
 cases=(
@@ -98,8 +116,8 @@ cases=(
   "... admitted, no fields|$NO_FIELDS_URL/|bench@example.com|$no_fields_pid"
   "sluice limited, denied|$SLUICE_URL/|alice@example.com|$sluice_pid"
   "sluice bypass (control)|$SLUICE_URL/|admin@example.com|$sluice_pid"
-  "nginx limit_req|http://127.0.0.1:$NGINX_LIMITED_PORT/|alice@example.com|$nginx_worker"
-  "nginx no limit|http://127.0.0.1:$NGINX_PORT/|alice@example.com|$nginx_worker"
+  "nginx limit_req|http://127.0.0.1:$NGINX_LIMITED_PORT/|alice@example.com|$nginx_workers_pids"
+  "nginx no limit|http://127.0.0.1:$NGINX_PORT/|alice@example.com|$nginx_workers_pids"
 )
 
 # Warm up each target once, then measure in interleaved rounds so drift hits all alike.
@@ -107,7 +125,7 @@ for c in "${cases[@]}"; do
   IFS='|' read -r _ url account _ <<<"$c"
   wrk -t1 -c"$CONNECTIONS" -d2s -H "X-Account-ID: $account" "$url" >/dev/null
 done
-echo "wrk -t1 -c$CONNECTIONS -d$DURATION, $ROUNDS rounds, $(nproc) cores"
+echo "wrk -t1 -c$CONNECTIONS -d$DURATION, $ROUNDS rounds, $(nproc) cores, WORKERS=$WORKERS"
 for round in $(seq "$ROUNDS"); do
   for i in "${!cases[@]}"; do
     IFS='|' read -r name url account pid <<<"${cases[$i]}"
