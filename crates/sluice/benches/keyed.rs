@@ -37,6 +37,10 @@
 //!   inserted right after the matching key of thread 0, so the two threads' entries sit side by
 //!   side in memory and are written in lockstep: the worst case for a dense store, where
 //!   writes to neighbouring entries contend for the same cache lines.
+//! - `two_threads_apart`: the same on manual clocks, with 20 000 other keys inserted between
+//!   thread 0's keys and thread 1's, so that no cache line holds entries of both threads. In
+//!   `two_threads` each shard's entries of thread 0 end where thread 1's begin: a line or so
+//!   per shard is shared, and each such line bounces between the cores.
 //!
 //! Before measuring, every case is run 1000 times and asserted to admit. The single-thread
 //! cases are set up in `common/mod.rs`, shared with the `keyed_paired` bench, which runs the
@@ -180,15 +184,37 @@ fn two_threads(c: &mut Criterion) {
 }
 
 fn two_threads_interleaved(c: &mut Criterion) {
-    let mut group = c.benchmark_group("two_threads_interleaved");
+    two_threads_placed(c, "two_threads_interleaved", |insert| {
+        for key in 0..HOT_KEYS {
+            for t in 0..2 {
+                insert(t * THREAD_KEY_STRIDE + key);
+            }
+        }
+    });
+}
+
+fn two_threads_apart(c: &mut Criterion) {
+    two_threads_placed(c, "two_threads_apart", |insert| {
+        (0..HOT_KEYS).for_each(&mut *insert);
+        (0..APART_KEYS).for_each(|key| insert(APART_BASE + key));
+        (0..HOT_KEYS).for_each(|key| insert(THREAD_KEY_STRIDE + key));
+    });
+}
+
+/// Keys between the two threads' in `two_threads_apart`, and where they start.
+const APART_KEYS: u64 = 20_000;
+const APART_BASE: u64 = 1 << 40;
+
+/// `two_threads` on manual clocks, with the keys first inserted (on both sides) in the order
+/// `place` gives them.
+fn two_threads_placed(c: &mut Criterion, name: &str, place: impl Fn(&mut dyn FnMut(u64))) {
+    let mut group = c.benchmark_group(name);
     let manual = sluice_on(NEW_KEY_CAPACITY, ManualClock::new(0));
     let fake = governor_on(FakeRelativeClock::default());
-    for key in 0..HOT_KEYS {
-        for t in 0..2 {
-            assert!(sluice_check(&manual, t * THREAD_KEY_STRIDE + key));
-            assert!(governor_check(&fake, t * THREAD_KEY_STRIDE + key));
-        }
-    }
+    place(&mut |key| {
+        assert!(sluice_check(&manual, key));
+        assert!(governor_check(&fake, key));
+    });
     for threads in [1, 2] {
         bench_threads(&mut group, "sluice_manual_clock", threads, |key| {
             sluice_check(&manual, key)
@@ -210,6 +236,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = hot_1k, random_1m, new_key, two_threads, two_threads_interleaved
+    targets = hot_1k, random_1m, new_key, two_threads, two_threads_interleaved, two_threads_apart
 }
 criterion_main!(benches);
