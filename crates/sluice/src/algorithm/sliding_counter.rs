@@ -41,7 +41,7 @@ pub struct Counters {
 }
 
 impl Counters {
-    /// Moves to the window holding `now` (a time before the current window counts as in it).
+    /// Moves to the window holding `now` (a time before the current window leaves it as is).
     fn roll(&mut self, now: u64, window_len: u64) {
         let window = now / window_len;
         if window == self.window + 1 {
@@ -127,7 +127,15 @@ impl Algorithm for SlidingWindowCounter {
             };
             return Some(Decision::denied(limit, limit.saturating_sub(used), reset, retry));
         }
-        c.current += cost;
+        // A reading from just before the current window (another thread rolled the window
+        // between this one's clock read and its turn at the lock) counts in the window it
+        // was taken in, now the previous one: where its weight belongs, and where `refund`,
+        // which goes by the time of the take, will look for it.
+        if now / len + 1 == c.window {
+            c.previous += cost;
+        } else {
+            c.current += cost;
+        }
         let reset = if cost > 0 { until_end + len } else { reset };
         Some(Decision::allowed(limit, limit - used - cost, reset))
     }
@@ -178,5 +186,35 @@ impl Algorithm for SlidingWindowCounter {
         let mut c = *lock(state);
         c.roll(now, params.window);
         !c.retired && c.previous == 0 && c.current == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A take whose reading is from the window before the state's (another thread rolled it
+    /// first) and its refund leave the counters as they were.
+    #[test]
+    fn a_take_from_the_previous_window_is_refunded_where_it_counted() {
+        let params = WindowParams {
+            limit: 10,
+            window: 1_000,
+        };
+        let algorithm = SlidingWindowCounter;
+        let state = algorithm.new_state(&params);
+        let take = |now, cost| {
+            algorithm
+                .check(&params, &state, now, cost)
+                .map(|d| d.is_allowed())
+        };
+        assert_eq!(take(500, 5), Some(true));
+        assert_eq!(take(1_200, 1), Some(true));
+        let before = *lock(&state);
+        assert_eq!((before.window, before.previous, before.current), (1, 5, 1));
+        assert_eq!(take(900, 2), Some(true), "5 weighed fully + 1 + 2 fit in 10");
+        assert!(algorithm.refund(&params, &state, 900, 2));
+        let after = *lock(&state);
+        assert_eq!((after.window, after.previous, after.current), (1, 5, 1));
     }
 }
