@@ -20,7 +20,7 @@ use tokio::runtime::Handle;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use sluice_redis::{FailurePolicy, RedisAlgorithm, RedisLimiter, RedisOptions};
+use sluice_redis::{FailurePolicy, RedisAlgorithm, RedisLimiter, RedisOptions, RedisStore};
 
 use crate::config::{AlgorithmKind, LimiterSettings, RedisPolicy, RedisSettings, Settings};
 use crate::shared::Shared;
@@ -52,10 +52,11 @@ pub enum AppError {
     /// The layer refused a setting.
     #[error(transparent)]
     Layer(#[from] BuildError),
-    /// The `redis:` section gives no URL and no `--redis` was given.
-    #[error("redis.url: not set (give it in the config or with --redis URL)")]
+    /// The `redis:` section gives no URL or cluster and no `--redis` was given.
+    #[error("redis.url: not set (give it or redis.cluster in the config, or --redis URL)")]
     NoRedisUrl,
-    /// Redis could not be used at start-up (`field` is `redis.url` or `--redis`).
+    /// Redis could not be used at start-up (`field` is `redis.url`, `redis.cluster` or
+    /// `--redis`).
     #[error("{field}: {source}")]
     Redis {
         /// Where the URL came from.
@@ -92,7 +93,12 @@ impl App {
                 .map_err(|source| match source {
                     SharedError::NoUrl => AppError::NoRedisUrl,
                     SharedError::Redis(source) => AppError::Redis {
-                        field: url_field,
+                        // With no URL from either place, the config named a cluster.
+                        field: if redis.url.is_none() {
+                            "redis.cluster"
+                        } else {
+                            url_field
+                        },
                         source,
                     },
                 })?,
@@ -192,7 +198,9 @@ async fn shared<A: RedisAlgorithm>(
     redis: &RedisSettings,
     accounts: Accounts,
 ) -> Result<Arc<dyn KeyLimiter>, SharedError> {
-    let url = redis.url.as_deref().ok_or(SharedError::NoUrl)?;
+    if redis.url.is_none() && redis.cluster.is_empty() {
+        return Err(SharedError::NoUrl);
+    }
     let policy = match redis.policy {
         RedisPolicy::FailOpen => FailurePolicy::FailOpen,
         RedisPolicy::FailClosed => FailurePolicy::FailClosed,
@@ -202,6 +210,13 @@ async fn shared<A: RedisAlgorithm>(
         timeout: redis.timeout,
         ..RedisOptions::default()
     };
+    let store = match &redis.url {
+        Some(url) => RedisStore::connect(url, options).await,
+        None => {
+            let nodes: Vec<&str> = redis.cluster.iter().map(String::as_str).collect();
+            RedisStore::connect_cluster(&nodes, options).await
+        }
+    };
     let limiter = RedisLimiter::builder(algorithm, settings.failsafe)
         .source(source(settings, accounts))
         .unknown_key_quota(settings.unknown)
@@ -210,10 +225,13 @@ async fn shared<A: RedisAlgorithm>(
         .prefix(redis.prefix.clone())
         .key_capacity(settings.capacity)
         .refresh_every(settings.refresh)
-        .connect(url, options)
-        .await
+        .build(store.map_err(SharedError::Redis)?)
         .map_err(SharedError::Redis)?;
-    tracing::info!(url, policy = ?redis.policy, hosts = redis.hosts, "limits shared through Redis");
+    let at = redis
+        .url
+        .clone()
+        .unwrap_or_else(|| format!("cluster {}", redis.cluster.join(",")));
+    tracing::info!(redis = at, policy = ?redis.policy, hosts = redis.hosts, "limits shared through Redis");
     Ok(Arc::new(Shared(limiter)))
 }
 

@@ -84,6 +84,7 @@ impl Default for RawConfig {
 #[serde(deny_unknown_fields, default)]
 struct RawRedis {
     url: Option<String>,
+    cluster: Vec<String>,
     policy: String,
     hosts: u64,
     timeout: String,
@@ -94,6 +95,7 @@ impl Default for RawRedis {
     fn default() -> Self {
         Self {
             url: None,
+            cluster: Vec::new(),
             policy: "local_share".into(),
             hosts: 1,
             timeout: "50ms".into(),
@@ -187,8 +189,11 @@ const REDIS_POLICIES: &str = "fail_open, fail_closed, local_share";
 /// Limits shared through Redis (the `redis:` section, or `--redis URL`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisSettings {
-    /// Where Redis is (`None` until `--redis` gives it).
+    /// Where Redis is (`None` until `--redis` gives it, or when `cluster` does).
     pub url: Option<String>,
+    /// The nodes of a Redis Cluster to use instead (any of them leads to the rest; empty: a
+    /// single server at `url`).
+    pub cluster: Vec<String>,
     /// The answer while Redis does not answer.
     pub policy: RedisPolicy,
     /// How many servers share the limits (the local share is `quota / hosts`).
@@ -203,6 +208,7 @@ impl Default for RedisSettings {
     fn default() -> Self {
         Self {
             url: None,
+            cluster: Vec::new(),
             policy: RedisPolicy::LocalShare,
             hosts: 1,
             timeout: Duration::from_millis(50),
@@ -211,12 +217,14 @@ impl Default for RedisSettings {
     }
 }
 
-/// Sets (or overrides) the Redis URL, as `--redis URL` does.
+/// Sets (or overrides) the Redis URL, as `--redis URL` does: that one server is used, even
+/// where the config names a cluster.
 pub fn with_redis_url(mut settings: Settings, url: &str) -> Result<Settings, ConfigError> {
     check_redis_url("--redis", url)?;
     check_redis_algorithm("--redis", settings.limiter.algorithm)?;
     let redis = settings.limiter.redis.get_or_insert_with(RedisSettings::default);
     redis.url = Some(url.to_string());
+    redis.cluster.clear();
     Ok(settings)
 }
 
@@ -248,6 +256,15 @@ impl RawRedis {
         if let Some(url) = &self.url {
             check_redis_url("redis.url", url)?;
         }
+        for (i, url) in self.cluster.iter().enumerate() {
+            check_redis_url(&format!("redis.cluster[{i}]"), url)?;
+        }
+        if self.url.is_some() && !self.cluster.is_empty() {
+            return Err(error(
+                "redis.cluster",
+                "give either redis.url (one server) or redis.cluster (a cluster's nodes), not both",
+            ));
+        }
         check_redis_algorithm("redis", algorithm)?;
         let policy = match self.policy.as_str() {
             "fail_open" => RedisPolicy::FailOpen,
@@ -272,6 +289,7 @@ impl RawRedis {
         }
         Ok(RedisSettings {
             url: self.url,
+            cluster: self.cluster,
             policy,
             hosts: self.hosts,
             timeout,
@@ -612,6 +630,30 @@ mod tests {
     }
 
     #[test]
+    fn a_redis_cluster_by_its_nodes() {
+        let s = parse("redis:\n  cluster: [redis://10.0.0.1:7000, redis://10.0.0.2:7000]\n").unwrap();
+        let redis = s.limiter.redis.clone().unwrap();
+        assert_eq!(redis.cluster, ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]);
+        assert_eq!(redis.url, None);
+        // `--redis` names one server, which is then used instead.
+        let redis = with_redis_url(s, "redis://10.0.0.3")
+            .unwrap()
+            .limiter
+            .redis
+            .unwrap();
+        assert_eq!(
+            (redis.url.as_deref(), redis.cluster.len()),
+            (Some("redis://10.0.0.3"), 0)
+        );
+        let e = parse("redis:\n  cluster: [redis://10.0.0.1:7000, 10.0.0.2:7000]\n").unwrap_err();
+        assert_eq!(e.field, "redis.cluster[1]");
+        assert!(e.message.contains("invalid Redis URL \"10.0.0.2:7000\""), "{e}");
+        let e = parse("redis:\n  url: redis://10.0.0.1\n  cluster: [redis://10.0.0.2:7000]\n").unwrap_err();
+        assert_eq!(e.field, "redis.cluster");
+        assert!(e.message.contains("not both"), "{e}");
+    }
+
+    #[test]
     fn the_commented_redis_example_is_valid() {
         let start = DEFAULT_CONFIG.find("# redis:").unwrap();
         let example: String = DEFAULT_CONFIG[start..]
@@ -623,6 +665,7 @@ mod tests {
             s.limiter.redis,
             Some(RedisSettings {
                 url: Some("redis://127.0.0.1:6379".into()),
+                cluster: Vec::new(),
                 ..RedisSettings::default()
             })
         );

@@ -4,8 +4,8 @@ mod common;
 #[path = "../../sluice-redis/tests/support/mod.rs"]
 mod redis_support;
 
-use common::{Server, TempDir, sluice};
-use redis_support::RedisServer;
+use common::{Client, Server, TempDir, sluice};
+use redis_support::{RedisCluster, RedisServer};
 
 /// One slow quota (no refill during a test) for one account; the failsafe is the same, so the
 /// count is exact even before the account's quota is fetched.
@@ -43,23 +43,7 @@ fn two_servers_admit_exactly_the_quota_in_total() {
         redis.cli(&["FLUSHALL"]);
         let (a, b, _dir) = start_two(&redis, algorithm);
         let (mut to_a, mut to_b) = (a.client(), b.client());
-        let mut admitted = [0; 2];
-        for i in 0..20 {
-            let client = if i % 2 == 0 { &mut to_a } else { &mut to_b };
-            let r = client.as_account(Some("shared@example.com"));
-            assert!(r.status == 200 || r.status == 429, "{algorithm}: {r:?}");
-            if r.status == 200 {
-                admitted[i % 2] += 1;
-            } else {
-                assert_eq!(r.body, "Exceeded quota");
-                assert!(r.number("retry-after") >= 1, "{r:?}");
-                assert_eq!(
-                    r.header("ratelimit-policy"),
-                    Some("\"default\";q=5;w=3600"),
-                    "{r:?}"
-                );
-            }
-        }
+        let admitted = alternate(&mut to_a, &mut to_b, algorithm);
         assert_eq!(admitted[0] + admitted[1], 5, "{algorithm}: admitted {admitted:?}");
         assert!(
             admitted[0] > 0 && admitted[1] > 0,
@@ -71,6 +55,55 @@ fn two_servers_admit_exactly_the_quota_in_total() {
             assert_eq!(client.as_account(Some(&"k".repeat(300))).status, 400);
         }
     }
+}
+
+#[test]
+fn two_servers_on_a_redis_cluster_admit_exactly_the_quota_in_total() {
+    let cluster = RedisCluster::start();
+    let dir = TempDir::new();
+    // Two of the three nodes: the client finds the third.
+    let nodes = cluster.urls()[..2].join(", ");
+    let text = format!("{}  cluster: [{nodes}]\n", config("token_bucket"));
+    let file = dir.write("sluice.yaml", &text);
+    let file = file.to_str().unwrap();
+    let (a, b) = (
+        Server::start(&["--config", file]),
+        Server::start(&["--config", file]),
+    );
+    let (mut to_a, mut to_b) = (a.client(), b.client());
+    let admitted = alternate(&mut to_a, &mut to_b, "cluster");
+    assert_eq!(admitted[0] + admitted[1], 5, "admitted {admitted:?}");
+    assert!(admitted[0] > 0 && admitted[1] > 0, "admitted {admitted:?}");
+    // The limit lives on the cluster: one of its nodes holds the account's key.
+    let held: usize = cluster
+        .nodes
+        .iter()
+        .map(|node| node.cli(&["DBSIZE"]).trim().parse::<usize>().unwrap_or(0))
+        .sum();
+    assert!(held >= 1, "no key on any node");
+}
+
+/// Twenty requests for the shared account, alternating between the servers, each answer
+/// checked; how many each server admitted.
+fn alternate(to_a: &mut Client, to_b: &mut Client, what: &str) -> [usize; 2] {
+    let mut admitted = [0; 2];
+    for i in 0..20 {
+        let client = if i % 2 == 0 { &mut *to_a } else { &mut *to_b };
+        let r = client.as_account(Some("shared@example.com"));
+        assert!(r.status == 200 || r.status == 429, "{what}: {r:?}");
+        if r.status == 200 {
+            admitted[i % 2] += 1;
+        } else {
+            assert_eq!(r.body, "Exceeded quota");
+            assert!(r.number("retry-after") >= 1, "{r:?}");
+            assert_eq!(
+                r.header("ratelimit-policy"),
+                Some("\"default\";q=5;w=3600"),
+                "{r:?}"
+            );
+        }
+    }
+    admitted
 }
 
 #[test]
@@ -112,6 +145,10 @@ fn validate_checks_the_redis_section() {
         ),
         ("redis:\n  url: 127.0.0.1:6379\n", "redis.url"),
         ("redis:\n  hosts: 0\n", "redis.hosts"),
+        (
+            "redis:\n  cluster: [redis://127.0.0.1:7000, 127.0.0.1:7001]\n",
+            "redis.cluster[1]",
+        ),
         (
             "algorithm: leaky_bucket\nredis:\n  url: redis://127.0.0.1\n",
             "redis",
