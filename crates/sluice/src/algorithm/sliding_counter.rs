@@ -131,7 +131,7 @@ impl Algorithm for SlidingWindowCounter {
         // between this one's clock read and its turn at the lock) counts in the window it
         // was taken in, now the previous one: where its weight belongs, and where `refund`,
         // which goes by the time of the take, will look for it.
-        if now / len + 1 == c.window {
+        if (now / len).checked_add(1) == Some(c.window) {
             c.previous += cost;
         } else {
             c.current += cost;
