@@ -52,7 +52,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{
-    Case, Cycle, GovernorCase, HOT_KEYS, NEW_KEY_CAPACITY, SluiceCase, Step, governor_check, governor_on,
+    Case, Cycle, GovernorCase, HOT_KEYS, NEW_KEY_CAPACITY, Side, SluiceCase, governor_check, governor_on,
     sluice_check, sluice_on,
 };
 use criterion::measurement::WallTime;
@@ -76,36 +76,24 @@ fn bench_check(group: &mut Group, who: &str, mut check: impl FnMut() -> bool) {
 /// A single-thread case's group: each side on its real clock, then on its manual clock.
 fn single(c: &mut Criterion, case: Case) {
     let mut group = c.benchmark_group(case.name());
-    bench_sluice(&mut group, "sluice", case, MonotonicClock);
-    bench_governor(&mut group, "governor", case, DefaultClock::default());
-    bench_sluice(&mut group, "sluice_manual_clock", case, ManualClock::new(0));
-    bench_governor(
+    bench_side(&mut group, "sluice", SluiceCase::new(case, MonotonicClock));
+    bench_side(
         &mut group,
-        "governor_fake_clock",
-        case,
-        FakeRelativeClock::default(),
+        "governor",
+        GovernorCase::new(case, DefaultClock::default()),
     );
+    bench_side(
+        &mut group,
+        "sluice_manual_clock",
+        SluiceCase::new(case, ManualClock::new(0)),
+    );
+    let fake = FakeRelativeClock::default();
+    bench_side(&mut group, "governor_fake_clock", GovernorCase::new(case, fake));
     group.finish();
 }
 
-fn bench_sluice<C: sluice::Clock + Step + Clone + 'static>(
-    group: &mut Group,
-    who: &str,
-    case: Case,
-    clock: C,
-) {
-    let mut side = SluiceCase::new(case, clock);
-    bench_check(group, who, || side.check());
-    side.verify();
-}
-
-fn bench_governor<C: governor::clock::Clock + Step + Clone>(
-    group: &mut Group,
-    who: &str,
-    case: Case,
-    clock: C,
-) {
-    let mut side = GovernorCase::new(case, clock);
+/// Benchmarks one side of a case as `group/who`, then checks what the case promises.
+fn bench_side(group: &mut Group, who: &str, mut side: impl Side) {
     bench_check(group, who, || side.check());
     side.verify();
 }

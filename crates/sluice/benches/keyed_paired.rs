@@ -14,7 +14,7 @@ mod common;
 
 use std::time::Instant;
 
-use common::{Case, GovernorCase, SluiceCase, Step};
+use common::{Case, GovernorCase, Side, SluiceCase};
 use governor::clock::{DefaultClock, FakeRelativeClock};
 use sluice::{ManualClock, MonotonicClock};
 
@@ -45,20 +45,21 @@ fn main() {
         if filter.as_deref().is_some_and(|f| !case.name().contains(f)) {
             continue;
         }
-        let real = (MonotonicClock, DefaultClock::default());
-        paired(case, "real clocks", real, rounds);
-        let manual = (ManualClock::new(0), FakeRelativeClock::default());
-        paired(case, "manual clocks", manual, rounds);
+        let sluice = SluiceCase::new(case, MonotonicClock);
+        paired(
+            case,
+            "real clocks",
+            sluice,
+            GovernorCase::new(case, DefaultClock::default()),
+            rounds,
+        );
+        let sluice = SluiceCase::new(case, ManualClock::new(0));
+        let governor = GovernorCase::new(case, FakeRelativeClock::default());
+        paired(case, "manual clocks", sluice, governor, rounds);
     }
 }
 
-fn paired<S, G>(case: Case, clocks: &str, (sluice_clock, governor_clock): (S, G), rounds: usize)
-where
-    S: sluice::Clock + Step + Clone + 'static,
-    G: governor::clock::Clock + Step + Clone,
-{
-    let mut sluice = SluiceCase::new(case, sluice_clock);
-    let mut governor = GovernorCase::new(case, governor_clock);
+fn paired(case: Case, clocks: &str, mut sluice: impl Side, mut governor: impl Side, rounds: usize) {
     let n = checks_per_round(case);
     // A first round of each, unmeasured, warms caches and branch predictors.
     time(n, || sluice.check());

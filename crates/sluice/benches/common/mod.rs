@@ -189,7 +189,15 @@ impl Step for FakeRelativeClock {
     }
 }
 
-/// A case on sluice's side, set up (and asserted) as the case says.
+/// One side of a case, set up (and asserted) as the case says.
+pub trait Side {
+    /// One check of the case's next key; whether it was admitted.
+    fn check(&mut self) -> bool;
+    /// Asserts what the case promises once measured (a new-key store stays bounded).
+    fn verify(&self);
+}
+
+/// A case on sluice's side.
 pub struct SluiceCase<C: sluice::Clock + 'static> {
     limiter: Sluice<C>,
     clock: C,
@@ -225,17 +233,18 @@ impl<C: sluice::Clock + Step + Clone + 'static> SluiceCase<C> {
             keys: case.keys(),
         }
     }
+}
 
+impl<C: sluice::Clock + Step + Clone + 'static> Side for SluiceCase<C> {
     #[inline]
-    pub fn check(&mut self) -> bool {
+    fn check(&mut self) -> bool {
         if let Keys::Fresh(_) = self.keys {
             self.clock.step();
         }
         sluice_check(&self.limiter, self.keys.next())
     }
 
-    /// Asserts what the case promises once measured: a new-key store stays bounded.
-    pub fn verify(&self) {
+    fn verify(&self) {
         if let Keys::Fresh(_) = self.keys {
             let metrics = self.limiter.metrics();
             assert!(
@@ -246,7 +255,7 @@ impl<C: sluice::Clock + Step + Clone + 'static> SluiceCase<C> {
     }
 }
 
-/// A case on governor's side, set up (and asserted) as the case says.
+/// A case on governor's side.
 pub struct GovernorCase<C: governor::clock::Clock> {
     limiter: Governor<C>,
     clock: C,
@@ -269,9 +278,11 @@ impl<C: governor::clock::Clock + Step + Clone> GovernorCase<C> {
         };
         Self { limiter, clock, keys }
     }
+}
 
+impl<C: governor::clock::Clock + Step + Clone> Side for GovernorCase<C> {
     #[inline]
-    pub fn check(&mut self) -> bool {
+    fn check(&mut self) -> bool {
         if let Keys::Fresh(next) = self.keys {
             self.clock.step();
             // Unbounded map: swept every 100 000 new keys, the sweep inside the measurement.
@@ -282,8 +293,7 @@ impl<C: governor::clock::Clock + Step + Clone> GovernorCase<C> {
         governor_check(&self.limiter, self.keys.next())
     }
 
-    /// Asserts what the case promises once measured: the sweep keeps the map bounded.
-    pub fn verify(&self) {
+    fn verify(&self) {
         if let Keys::Fresh(_) = self.keys {
             assert!(
                 self.limiter.len() <= GOVERNOR_RETAIN_EVERY as usize,
