@@ -45,8 +45,9 @@ use crate::{Algorithm, CheckError, Clock, Decision, MonotonicClock, Quota, Quota
 /// A boxed background task, as handed to a [`Spawner`].
 pub type Task = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
-/// A check's answer and the quota it was made under.
-type Quoted = (Result<Decision, CheckError>, Quota);
+/// A check's answer and the limit it was made under (its quota read only if wanted: copying
+/// one out of a call costs more than the pointer).
+type Quoted<A> = (Result<Decision, CheckError>, LimitRef<A>);
 
 /// A check of a held key: the answer with the receipt a refund needs, and the quota.
 type QuotedTake = (Result<(Decision, Receipt), CheckError>, Quota);
@@ -452,7 +453,10 @@ where
         let hash = self.inner.hasher.hash_one(key);
         match self.check_present(hash, key, cost) {
             Some((result, quota)) => (result.map(|(decision, _)| decision), quota),
-            None => self.check_slow(hash, key.to_owned().into(), cost),
+            None => {
+                let (result, limit) = self.check_slow(hash, key.to_owned().into(), cost);
+                (result, limit.quota)
+            }
         }
     }
 
@@ -539,7 +543,7 @@ where
 
     /// Inserts the key, moves its epoch or finds it inserted meanwhile: under the write lock.
     #[cold]
-    fn check_slow(&self, hash: u64, key: K, cost: u64) -> Quoted {
+    fn check_slow(&self, hash: u64, key: K, cost: u64) -> Quoted<A> {
         let inner = &*self.inner;
         let mut now = inner.clock.now();
         let mut guard = inner.shard(hash).write();
@@ -548,17 +552,18 @@ where
         }
         // A source runs user code and may be waited for: never under the shard's lock. The
         // key may have come in meanwhile.
-        let (limit, bits, pending) = if inner.source.is_none() {
-            inner.first_fetch(&key, now)
-        } else {
+        let (limit, bits, pending) = if let Some(source) = &inner.source {
             drop(guard);
-            let fetched = inner.first_fetch(&key, now);
+            let fetched = inner.first_fetch(source, &key, now);
             guard = inner.shard(hash).write();
             now = inner.clock.now();
             if let Some(i) = guard.find(hash, &key) {
                 return inner.decide_held(&mut guard.entries[i], now, cost);
             }
             fetched
+        } else {
+            // Without a source every key has the unknown-key quota, known at once.
+            (inner.unknown, meta::with_fetched_at(meta::KNOWN, now), None)
         };
         let hash_of = |k: &K| inner.hasher.hash_one(k);
         let place = match guard.make_room(&inner.algorithm, hash, now, hash_of) {
@@ -666,14 +671,15 @@ where
 
     /// Decides on a held entry under the write lock, moving its epoch first if time passed
     /// its horizon.
-    fn decide_held(&self, entry: &mut Entry<K, A>, now: u64, cost: u64) -> Quoted {
+    fn decide_held(&self, entry: &mut Entry<K, A>, now: u64, cost: u64) -> Quoted<A> {
         if entry.since_epoch(now) > entry.limit.horizon {
             entry.replace_limit(&self.algorithm, entry.limit, now);
         }
         self.decide_on(entry, now, cost)
     }
 
-    fn decide_on(&self, entry: &Entry<K, A>, now: u64, cost: u64) -> Quoted {
+    #[inline]
+    fn decide_on(&self, entry: &Entry<K, A>, now: u64, cost: u64) -> Quoted<A> {
         let limit = &entry.limit;
         let since = entry.since_epoch(now).min(limit.horizon);
         // Under the write lock (or on a private entry) the state cannot be retired.
@@ -686,7 +692,7 @@ where
             cost,
         )
         .unwrap_or(Ok(Decision::denied(limit.quota.capacity(), 0, 0, 1)));
-        (result, limit.quota)
+        (result, *limit)
     }
 
     /// Whether this check should start a refresh, claiming it (so only one thread does).
@@ -703,10 +709,7 @@ where
     }
 
     /// The quota a new key starts with, its bookkeeping bits, and the fetch still running.
-    fn first_fetch(&self, key: &K, now: u64) -> (LimitRef<A>, u64, Option<PendingFetch>) {
-        let Some(source) = &self.source else {
-            return (self.unknown, meta::with_fetched_at(meta::KNOWN, now), None);
-        };
+    fn first_fetch(&self, source: &S, key: &K, now: u64) -> (LimitRef<A>, u64, Option<PendingFetch>) {
         bump(&self.counters.fetches);
         let mut fetch: PendingFetch = Box::pin(source.fetch(key));
         let answer = match poll_once(&mut fetch) {

@@ -229,6 +229,7 @@ impl<K, A: Algorithm> Shard<K, A> {
     }
 
     /// Makes room for a newcomer with hash `hash`, evicting per the policy if full.
+    #[inline]
     pub(crate) fn make_room(
         &mut self,
         algorithm: &A,
@@ -286,6 +287,7 @@ impl<K, A: Algorithm> Shard<K, A> {
     }
 
     /// Stores `entry` where `room` says (in a reused place, or at the end) and indexes it.
+    #[inline]
     pub(crate) fn insert(
         &mut self,
         room: Option<usize>,

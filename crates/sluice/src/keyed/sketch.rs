@@ -47,6 +47,7 @@ impl FrequencySketch {
     }
 
     /// Counts one sighting of `hash` and returns its estimated recent frequency.
+    #[inline]
     pub(crate) fn record(&mut self, hash: u64) -> u8 {
         let (block, slots) = self.slots(hash);
         let counters = &mut self.blocks[block].0;
