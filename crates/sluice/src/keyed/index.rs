@@ -32,6 +32,7 @@ fn tag(hash: u64) -> u32 {
 }
 
 /// `value` with its distance from home set to `distance` (saturating at [`FAR`]).
+#[inline]
 fn with_distance(value: u32, distance: usize) -> u32 {
     (value & !DISTANCE) | ((distance.min(FAR) as u32) << DISTANCE_SHIFT)
 }
@@ -71,6 +72,7 @@ impl Index {
 
     /// Indexes `position` under `hash` (not indexed yet). `hash_at` gives the hash of the entry
     /// at a position, for rebuilding when the table grows.
+    #[inline]
     pub(crate) fn insert(&mut self, hash: u64, position: usize, hash_at: impl Fn(usize) -> u64) {
         debug_assert!(position < MAX_ENTRIES);
         if (self.len + 1) * 2 > self.slots.len() {
@@ -80,6 +82,7 @@ impl Index {
         self.len += 1;
     }
 
+    #[inline]
     fn place(&mut self, hash: u64, position: usize) {
         let mut slot = self.home(hash);
         let mut distance = 0;
@@ -90,6 +93,8 @@ impl Index {
         self.slots[slot] = with_distance(tag(hash) | (position as u32 + 1), distance);
     }
 
+    #[cold]
+    #[inline(never)]
     fn grow(&mut self, hash_at: &impl Fn(usize) -> u64) {
         let size = (self.slots.len() * 2).max(16);
         let old = std::mem::replace(&mut self.slots, vec![EMPTY; size].into_boxed_slice());

@@ -52,6 +52,15 @@ type Quoted<A> = (Result<Decision, CheckError>, LimitRef<A>);
 /// A check of a held key: the answer with the receipt a refund needs, and the quota.
 type QuotedTake = (Result<(Decision, Receipt), CheckError>, Quota);
 
+/// Why a check left the read-locked path for the slow one.
+#[derive(Clone, Copy)]
+enum Miss {
+    /// The key was not stored when the shard had seen this many inserts.
+    Absent { inserts: u64 },
+    /// The key's state must move to a new epoch, or was retired meanwhile.
+    Stale,
+}
+
 /// Runs background quota fetches: `Arc::new(|task| { tokio::spawn(task); })`.
 pub type Spawner = Arc<dyn Fn(Task) + Send + Sync>;
 
@@ -452,18 +461,18 @@ where
     {
         let hash = self.inner.hasher.hash_one(key);
         match self.check_present(hash, key, cost) {
-            Some((result, quota)) => (result.map(|(decision, _)| decision), quota),
-            None => {
-                let (result, limit) = self.check_slow(hash, key.to_owned().into(), cost);
+            Ok((result, quota)) => (result.map(|(decision, _)| decision), quota),
+            Err(miss) => {
+                let (result, limit) = self.check_slow(hash, key.to_owned().into(), cost, miss);
                 (result, limit.quota)
             }
         }
     }
 
     /// The check of a key already stored, under the shard's read lock, with the receipt a
-    /// refund needs; `None` if the key is missing or its epoch must move (the slow path).
+    /// refund needs; else why the slow path must take it.
     #[inline(always)]
-    fn check_present<Q>(&self, hash: u64, key: &Q, cost: u64) -> Option<QuotedTake>
+    fn check_present<Q>(&self, hash: u64, key: &Q, cost: u64) -> Result<QuotedTake, Miss>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned + ?Sized,
@@ -474,24 +483,28 @@ where
         let Some(i) = guard.find(hash, key) else {
             // A new key: what the slow path will need is loaded on the way there.
             guard.prefetch_room(hash);
-            return None;
+            return Err(Miss::Absent {
+                inserts: guard.inserts,
+            });
         };
         let entry = &guard.entries[i];
         let now = inner.clock.now();
         let since = entry.since_epoch(now);
         if since > entry.limit.horizon {
-            return None;
+            return Err(Miss::Stale);
         }
         let seen = entry.touch();
         let limit = &entry.limit;
-        let result = decide(
+        let Some(result) = decide(
             &inner.algorithm,
             &limit.quota,
             &limit.params,
             &entry.state,
             since,
             cost,
-        )?;
+        ) else {
+            return Err(Miss::Stale);
+        };
         let receipt = Receipt::new(since, entry.epoch);
         let refresh = inner.claim_refresh(entry, seen, now);
         let quota = limit.quota;
@@ -499,7 +512,7 @@ where
         if refresh {
             self.refresh(key.to_owned().into());
         }
-        Some((result.map(|decision| (decision, receipt)), quota))
+        Ok((result.map(|decision| (decision, receipt)), quota))
     }
 
     /// Counters: entries held, evictions by reason, refusals, fetches and fetch errors.
@@ -543,11 +556,13 @@ where
 
     /// Inserts the key, moves its epoch or finds it inserted meanwhile: under the write lock.
     #[cold]
-    fn check_slow(&self, hash: u64, key: K, cost: u64) -> Quoted<A> {
+    fn check_slow(&self, hash: u64, key: K, cost: u64, miss: Miss) -> Quoted<A> {
         let inner = &*self.inner;
         let mut now = inner.clock.now();
         let mut guard = inner.shard(hash).write();
-        if let Some(i) = guard.find(hash, &key) {
+        // Only an insert can bring the key in: with none since the miss, it is still absent.
+        let unchanged = matches!(miss, Miss::Absent { inserts } if inserts == guard.inserts);
+        if !unchanged && let Some(i) = guard.find(hash, &key) {
             return inner.decide_held(&mut guard.entries[i], now, cost);
         }
         // A source runs user code and may be waited for: never under the shard's lock. The

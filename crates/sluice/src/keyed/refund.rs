@@ -25,7 +25,7 @@ where
     {
         let hash = self.inner.hasher.hash_one(key);
         for _ in 0..2 {
-            if let Some((result, _)) = self.check_present(hash, key, cost) {
+            if let Ok((result, _)) = self.check_present(hash, key, cost) {
                 return result;
             }
             // New key or an epoch to move: the ordinary path does it (a peek consumes nothing).

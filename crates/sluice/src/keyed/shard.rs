@@ -183,6 +183,9 @@ pub(crate) struct Shard<K, A: Algorithm> {
     sketch: FrequencySketch,
     capacity: usize,
     hand: usize,
+    /// Entries stored so far: a lookup that missed under the read lock need not look again
+    /// under the write lock if this has not moved (nothing else can bring a key in).
+    pub(crate) inserts: u64,
     /// Outcomes of `make_room`, counted under the write lock (no shared atomic to bump).
     pub(crate) evicted_idle: u64,
     pub(crate) evicted_frequency: u64,
@@ -199,6 +202,7 @@ impl<K, A: Algorithm> Shard<K, A> {
             sketch: FrequencySketch::new(capacity),
             capacity,
             hand: 0,
+            inserts: 0,
             evicted_idle: 0,
             evicted_frequency: 0,
             refused: 0,
@@ -243,14 +247,13 @@ impl<K, A: Algorithm> Shard<K, A> {
         }
         let len = self.entries.len();
         let sample = SAMPLE.min(len);
-        // The hand is below `len` and a step at most `len`: a subtraction wraps it (a
+        // The hand steps round the entries one at a time, wrapping by a comparison (a
         // division here cost more than the rest of the sample).
-        let wrap = |i: usize| if i >= len { i - len } else { i };
+        let next = |i: usize| if i + 1 == len { 0 } else { i + 1 };
         let start = self.hand.min(len - 1);
-        self.hand = wrap(start + sample);
         let mut victim = None::<(usize, u64)>;
-        for step in 0..sample {
-            let i = wrap(start + step);
+        let mut i = start;
+        for _ in 0..sample {
             let entry = &self.entries[i];
             let frequency = entry.frequency();
             // An idle entry's state says nothing, but a key in use still carries its fetched
@@ -260,7 +263,7 @@ impl<K, A: Algorithm> Shard<K, A> {
             // keys inflates it.)
             let since = entry.since_epoch(now).min(entry.limit.horizon);
             if frequency <= COLD && algorithm.is_idle(&entry.limit.params, &entry.state, since) {
-                self.hand = wrap(i + 1);
+                self.hand = next(i);
                 self.unindex(i, &hash_of);
                 self.evicted_idle += 1;
                 return Room::Reused(i);
@@ -268,15 +271,19 @@ impl<K, A: Algorithm> Shard<K, A> {
             if victim.is_none_or(|(_, f)| frequency < f) {
                 victim = Some((i, frequency));
             }
+            i = next(i);
         }
+        self.hand = i;
         let Some((i, frequency)) = victim else {
             self.refused += 1;
             return Room::Refused;
         };
         if newcomer <= frequency {
             // Survivors of a sample age, so a once-hot key can leave in time.
-            for step in 0..sample {
-                self.entries[wrap(start + step)].age();
+            let mut i = start;
+            for _ in 0..sample {
+                self.entries[i].age();
+                i = next(i);
             }
             self.refused += 1;
             return Room::Refused;
@@ -314,6 +321,7 @@ impl<K, A: Algorithm> Shard<K, A> {
         };
         let entries = &self.entries;
         self.index.insert(hash, i, |j| hash_of(&entries[j].key));
+        self.inserts += 1;
         i
     }
 
