@@ -6,7 +6,7 @@ use std::thread;
 use std::time::Duration;
 
 use sluice::{
-    Algorithm, ConcurrencyLimiter, FixedWindow, LeakyBucket, ManualClock, Quota, RateLimiter,
+    Algorithm, ConcurrencyLimiter, FixedWindow, KeyedLimiter, LeakyBucket, ManualClock, Quota, RateLimiter,
     SlidingWindowCounter, SlidingWindowLog, TokenBucket,
 };
 
@@ -158,4 +158,39 @@ fn quota_changes_under_load_lose_nothing() {
     });
     assert_eq!(admitted.load(Ordering::Relaxed), 1000);
     assert_eq!(limiter.check_n(0).unwrap().remaining(), 0);
+}
+
+/// Threads that meet the same new keys at once, on few shards so that they collide on the
+/// write lock, must store each key once: a second entry for a key would admit its quota again.
+/// Repeated, as a race shows in some runs only.
+#[test]
+fn threads_racing_to_insert_the_same_new_keys_store_each_once() {
+    const KEYS: u64 = 5_000;
+    const PER_KEY: u64 = 3;
+    let quota: Quota = format!("{PER_KEY}/s").parse().unwrap();
+    for trial in 0..10 {
+        let limiter = KeyedLimiter::<u64, _>::builder(TokenBucket, quota)
+            .unknown_key_quota(quota)
+            .shards(2)
+            .clock(ManualClock::new(7))
+            .build()
+            .unwrap();
+        let admitted = AtomicU64::new(0);
+        thread::scope(|scope| {
+            for t in 0..THREADS {
+                let (limiter, admitted) = (&limiter, &admitted);
+                scope.spawn(move || {
+                    // Each thread walks the keys from its own starting point, twice round.
+                    for step in 0..2 * KEYS {
+                        let key = (step + t * KEYS / THREADS) % KEYS;
+                        if limiter.check(&key).is_allowed() {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(limiter.metrics().entries, KEYS, "trial {trial}");
+        assert_eq!(admitted.load(Ordering::Relaxed), KEYS * PER_KEY, "trial {trial}");
+    }
 }
