@@ -568,11 +568,14 @@ where
         // A source runs user code and may be waited for: never under the shard's lock. The
         // key may have come in meanwhile.
         let (limit, bits, pending) = if let Some(source) = &inner.source {
+            let inserts = guard.inserts;
             drop(guard);
             let fetched = inner.first_fetch(source, &key, now);
             guard = inner.shard(hash).write();
             now = inner.clock.now();
-            if let Some(i) = guard.find(hash, &key) {
+            if guard.inserts != inserts
+                && let Some(i) = guard.find(hash, &key)
+            {
                 return inner.decide_held(&mut guard.entries[i], now, cost);
             }
             fetched
@@ -792,5 +795,57 @@ where
         if let Some(hook) = &self.on_fetch_error {
             hook(key, error);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+    use crate::{ManualClock, TokenBucket};
+
+    /// Threads that meet the same new keys at once in a store far smaller than the keys, so
+    /// that inserts keep evicting and reusing places: no key may be stored twice (the slow
+    /// path skips its second lookup on the shards' insert counts, which must see every way a
+    /// key comes in). Checked at the end over every entry; in debug builds `Shard::insert`
+    /// also asserts it at each insert, which catches a duplicate before an eviction hides it.
+    #[test]
+    fn racing_inserts_into_a_full_store_never_store_a_key_twice() {
+        const THREADS: u64 = 8;
+        const KEYS: u64 = 5_000;
+        const CAPACITY: usize = 256;
+        let quota: Quota = "3/s".parse().unwrap();
+        let clock = ManualClock::new(7);
+        let limiter = KeyedLimiter::<u64, _>::builder(TokenBucket, quota)
+            .unknown_key_quota(quota)
+            .capacity(CAPACITY)
+            .shards(2)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        std::thread::scope(|scope| {
+            for t in 0..THREADS {
+                let (limiter, clock) = (&limiter, &clock);
+                scope.spawn(move || {
+                    for step in 0..2 * KEYS {
+                        // Time moves, so used entries go idle and are evicted too.
+                        if step % 64 == 0 {
+                            clock.advance(Duration::from_secs(1));
+                        }
+                        limiter.check(&((step + t * KEYS / THREADS) % KEYS));
+                    }
+                });
+            }
+        });
+        let metrics = limiter.metrics();
+        assert!(metrics.evicted_idle > 0, "the store evicted: {metrics:?}");
+        let mut seen = HashSet::new();
+        for shard in &limiter.inner.shards {
+            for entry in &shard.read().entries {
+                assert!(seen.insert(entry.key), "key {} stored twice", entry.key);
+            }
+        }
+        assert!(seen.len() <= CAPACITY);
     }
 }

@@ -301,7 +301,13 @@ impl<K, A: Algorithm> Shard<K, A> {
         hash: u64,
         entry: Entry<K, A>,
         hash_of: impl Fn(&K) -> u64,
-    ) -> usize {
+    ) -> usize
+    where
+        K: Eq,
+    {
+        // The slow path skips its second lookup on the `inserts` count: a key stored twice
+        // would mean that count missed a way in.
+        debug_assert!(self.find(hash, &entry.key).is_none(), "a key is stored once");
         let i = match room {
             Some(i) => {
                 self.entries[i] = entry;
