@@ -60,8 +60,8 @@ pub use concurrency::{AcquireError, ConcurrencyLimiter, OwnedPermit, Permit};
 pub use decision::Decision;
 pub use error::CheckError;
 pub use keyed::{
-    FetchError, FetchResult, FnSource, KeyedBuilder, KeyedLimiter, KeyedMetrics, QuotaSource, Spawner,
-    StaticQuotas, Task,
+    DEFAULT_CAPACITY, DEFAULT_REFRESH, FetchError, FetchResult, FnSource, KeyedBuilder, KeyedLimiter,
+    KeyedMetrics, QuotaSource, Spawner, StaticQuotas, Task,
 };
 pub use limiter::RateLimiter;
 pub use quota::{MAX_SCALED_BURST, Quota, QuotaError};

@@ -126,7 +126,7 @@ pub struct KeyedBuilder<K, A, S, C> {
 }
 
 impl<K, A, S, C> KeyedBuilder<K, A, S, C> {
-    /// The most keys held at once (default 100 000). A shard holds at most 1 048 575, so a
+    /// The most keys held at once (default [`DEFAULT_CAPACITY`]). A shard holds at most 1 048 575, so a
     /// larger capacity takes more shards than asked for (up to 65 536 of them).
     pub fn capacity(mut self, entries: usize) -> Self {
         self.capacity = entries.max(1);
@@ -146,7 +146,7 @@ impl<K, A, S, C> KeyedBuilder<K, A, S, C> {
         self
     }
 
-    /// How often a key's quota is fetched again (default 60 s).
+    /// How often a key's quota is fetched again (default [`DEFAULT_REFRESH`]).
     pub fn refresh_every(mut self, period: Duration) -> Self {
         self.refresh = period;
         self
@@ -289,6 +289,12 @@ where
     }
 }
 
+/// The most keys a keyed limiter holds unless told otherwise.
+pub const DEFAULT_CAPACITY: usize = 100_000;
+
+/// How often a key's quota is fetched again unless told otherwise.
+pub const DEFAULT_REFRESH: Duration = Duration::from_secs(60);
+
 /// The most shards a limiter has.
 const MAX_SHARDS: usize = 1 << 16;
 
@@ -395,9 +401,9 @@ impl<K: Hash + Eq + Send + Sync + 'static, A: Algorithm> KeyedLimiter<K, A> {
             source: None,
             failsafe,
             unknown: Quota::deny_all(),
-            capacity: 100_000,
+            capacity: DEFAULT_CAPACITY,
             shards: None,
-            refresh: Duration::from_secs(60),
+            refresh: DEFAULT_REFRESH,
             first_fetch_wait: None,
             spawner: None,
             on_fetch_error: None,
