@@ -91,8 +91,7 @@ impl ManualClock {
 
     /// Moves the clock forward, saturating at `u64::MAX`.
     pub fn advance(&self, by: Duration) {
-        let by = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
-        self.advance_nanos(by);
+        self.advance_nanos(saturating_nanos(by));
     }
 
     /// Moves the clock forward by `by` nanoseconds, saturating at `u64::MAX`.
@@ -114,4 +113,17 @@ impl Clock for ManualClock {
     fn now(&self) -> u64 {
         self.nanos.load(Ordering::Acquire)
     }
+}
+
+/// `duration` in whole nanoseconds, as clocks count time here, saturating at `u64::MAX`
+/// (584 years).
+///
+/// # Example
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(sluice::saturating_nanos(Duration::from_millis(3)), 3_000_000);
+/// assert_eq!(sluice::saturating_nanos(Duration::MAX), u64::MAX);
+/// ```
+pub fn saturating_nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }

@@ -55,7 +55,7 @@ pub use algorithm::{
 };
 pub use backend::AsyncLimiter;
 pub use chain::{ChainDecision, ChainError, KeyedLink, Link, Receipt, check_chain};
-pub use clock::{Clock, ManualClock, MonotonicClock};
+pub use clock::{Clock, ManualClock, MonotonicClock, saturating_nanos};
 pub use concurrency::{AcquireError, ConcurrencyLimiter, OwnedPermit, Permit};
 pub use decision::Decision;
 pub use error::CheckError;

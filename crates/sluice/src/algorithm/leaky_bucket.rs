@@ -42,7 +42,7 @@ impl LeakyBucket {
     /// Queue requests beyond the burst for at most `max_delay`.
     pub fn shaper(max_delay: Duration) -> Self {
         Self {
-            max_delay_ns: u64::try_from(max_delay.as_nanos()).unwrap_or(u64::MAX),
+            max_delay_ns: crate::saturating_nanos(max_delay),
         }
     }
 

@@ -264,7 +264,7 @@ where
         let mut book = HashMap::new();
         let failsafe = compile(&self.algorithm, &mut book, self.failsafe)?;
         let unknown = compile(&self.algorithm, &mut book, self.unknown)?;
-        let refresh_ticks = meta::tick(u64::try_from(self.refresh.as_nanos()).unwrap_or(u64::MAX)).max(1);
+        let refresh_ticks = meta::tick(crate::saturating_nanos(self.refresh)).max(1);
         Ok(KeyedLimiter {
             inner: Arc::new(Inner {
                 shards: (0..shards)

@@ -45,6 +45,6 @@ impl Default for TokioClock {
 impl Clock for TokioClock {
     fn now(&self) -> u64 {
         let elapsed = Instant::now().saturating_duration_since(self.origin);
-        u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX)
+        crate::saturating_nanos(elapsed)
     }
 }
