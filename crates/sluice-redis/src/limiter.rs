@@ -6,8 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sluice::{
-    AsyncLimiter, CheckError, Clock, Decision, FixedWindow, KeyedLimiter, MonotonicClock, Quota, QuotaSource,
-    StaticQuotas,
+    CheckError, Clock, Decision, FixedWindow, KeyedLimiter, MonotonicClock, Quota, QuotaSource, StaticQuotas,
 };
 
 use crate::algorithm::kind_of;
@@ -445,11 +444,10 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiter<A, S> {
         }
     }
 
-    /// A handle on one key's limit, usable wherever a [`sluice::AsyncLimiter`] is expected.
+    /// A handle on one key's limit.
     ///
     /// # Example
     /// ```no_run
-    /// use sluice::AsyncLimiter;
     /// # async fn demo(limiter: sluice_redis::RedisLimiter<sluice::TokenBucket>) {
     /// let global = limiter.limit("global");
     /// let decision = global.check_n(1).await;
@@ -490,7 +488,7 @@ pub(crate) fn duration_nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// One key of a [`RedisLimiter`], as a [`sluice::AsyncLimiter`].
+/// One key of a [`RedisLimiter`], checked without naming the key each time.
 ///
 /// # Example
 /// ```no_run
@@ -512,13 +510,5 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimit<A, S> {
     /// As [`RedisLimiter::check_n`].
     pub async fn check_n(&self, cost: u64) -> Result<Decision, Error> {
         self.limiter.check_n(&self.key, cost).await
-    }
-}
-
-impl<A: RedisAlgorithm, S: QuotaSource<String>> AsyncLimiter for RedisLimit<A, S> {
-    type Error = Error;
-
-    fn check_n(&self, cost: u64) -> impl Future<Output = Result<Decision, Error>> + Send {
-        self.limiter.check_n(&self.key, cost)
     }
 }

@@ -19,6 +19,7 @@ use std::time::Duration;
 /// assert_eq!(d.retry_after(), Duration::from_millis(100));
 /// ```
 #[derive(Debug, Clone, Copy)]
+#[must_use = "a decision says whether the request may proceed"]
 pub struct Decision {
     allowed: bool,
     limit: u64,

@@ -38,7 +38,6 @@
 #![warn(missing_docs)]
 
 pub mod algorithm;
-mod backend;
 pub mod chain;
 mod clock;
 mod concurrency;
@@ -47,13 +46,14 @@ mod error;
 pub mod keyed;
 mod limiter;
 mod quota;
+mod stable;
+mod sync;
 mod tsc;
 pub mod wait;
 
 pub use algorithm::{
-    Algorithm, FixedWindow, LeakyBucket, SlidingWindowCounter, SlidingWindowLog, TokenBucket,
+    Algorithm, FixedWindow, LeakyBucket, SlidingWindowCounter, SlidingWindowLog, TokenBucket, Unmetered,
 };
-pub use backend::AsyncLimiter;
 pub use chain::{ChainDecision, ChainError, KeyedLink, Link, Receipt, check_chain};
 pub use clock::{Clock, ManualClock, MonotonicClock, saturating_nanos};
 pub use concurrency::{AcquireError, ConcurrencyLimiter, OwnedPermit, Permit};

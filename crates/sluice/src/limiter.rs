@@ -2,9 +2,11 @@
 
 mod refund;
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicPtr, Ordering};
-use std::sync::{Mutex, PoisonError};
 
+use crate::stable::StableBox;
+use crate::sync::lock;
 use crate::{Algorithm, CheckError, Clock, Decision, MonotonicClock, Quota, QuotaError};
 
 /// One limit (not keyed), checked lock-free from any number of threads.
@@ -27,13 +29,14 @@ use crate::{Algorithm, CheckError, Clock, Decision, MonotonicClock, Quota, Quota
 pub struct RateLimiter<A: Algorithm, C: Clock = MonotonicClock> {
     algorithm: A,
     clock: C,
-    /// The limit in force; always points into `installed`.
+    /// The limit in force; always one of `installed`.
     current: AtomicPtr<Limit<A>>,
     /// Every limit ever installed, kept until the limiter drops, because a check may still be
     /// reading one that was just retired. A quota change or an epoch move (at most every 38
     /// minutes, and only for rates with a large reduced count) adds one. The mutex also
     /// serializes replacements; checks never take it.
-    installed: Mutex<Vec<Box<Limit<A>>>>,
+    /// (`StableBox`: `current` holds a pointer to the newest one.)
+    installed: Mutex<Vec<StableBox<Limit<A>>>>,
 }
 
 /// A quota with its compiled parameters and the state counting against it.
@@ -80,11 +83,11 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
     pub fn with_clock(algorithm: A, quota: Quota, clock: C) -> Result<Self, QuotaError> {
         let params = algorithm.params(&quota)?;
         let state = algorithm.new_state(&params);
-        let mut limit = Box::new(Limit::new(&algorithm, quota, params, clock.now(), state));
+        let limit = StableBox::new(Limit::new(&algorithm, quota, params, clock.now(), state));
         Ok(Self {
             algorithm,
             clock,
-            current: AtomicPtr::new(&mut *limit),
+            current: AtomicPtr::new(limit.as_non_null().as_ptr()),
             installed: Mutex::new(vec![limit]),
         })
     }
@@ -123,9 +126,9 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
     }
 
     fn current(&self) -> &Limit<A> {
-        // SAFETY: `current` always points to a boxed limit owned by `installed`, and boxes
-        // leave `installed` only when the limiter drops, which cannot happen while `&self`
-        // is borrowed. Limits are never mutated except through their atomic state.
+        // SAFETY: `current` always holds the pointer of one of `installed`, whose limits are
+        // freed only when the limiter drops, which cannot happen while `&self` is borrowed.
+        // Limits are never mutated except through their atomic state.
         unsafe { &*self.current.load(Ordering::Acquire) }
     }
 
@@ -159,7 +162,7 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
     /// Retires `seen` and installs its successor, under a new quota or (for `None`) the same
     /// one with the epoch moved to `now`. Does nothing if `seen` was already replaced.
     fn replace(&self, seen: &Limit<A>, new: Option<(Quota, A::Params)>, now: u64) {
-        let mut installed = self.installed.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut installed = lock(&self.installed);
         let current = self.current();
         if new.is_none() && !std::ptr::eq(current, seen) {
             return; // another thread moved the epoch already
@@ -173,14 +176,15 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
         let (shift, state) = self
             .algorithm
             .carry_over(&current.params, snapshot, &params, since_epoch);
-        let mut successor = Box::new(Limit::new(
+        let successor = StableBox::new(Limit::new(
             &self.algorithm,
             quota,
             params,
             current.epoch + shift,
             state,
         ));
-        self.current.store(&mut *successor, Ordering::Release);
+        self.current
+            .store(successor.as_non_null().as_ptr(), Ordering::Release);
         installed.push(successor);
     }
 }

@@ -24,12 +24,14 @@ mod leaky_bucket;
 mod sliding_counter;
 mod sliding_log;
 mod token_bucket;
+mod unmetered;
 
 pub use fixed_window::FixedWindow;
 pub use leaky_bucket::LeakyBucket;
 pub use sliding_counter::SlidingWindowCounter;
 pub use sliding_log::SlidingWindowLog;
 pub use token_bucket::TokenBucket;
+pub use unmetered::Unmetered;
 
 /// A rate-limiting algorithm: how a state answers a check.
 ///

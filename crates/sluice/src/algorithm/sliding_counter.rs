@@ -1,6 +1,6 @@
 //! The sliding window counter.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 
 use super::Algorithm;
 use super::fixed_window::WindowParams;
@@ -56,8 +56,7 @@ impl Counters {
 }
 
 fn lock(state: &CounterState) -> MutexGuard<'_, Counters> {
-    // Nothing panics while the lock is held; a poisoned lock still holds consistent counters.
-    state.0.lock().unwrap_or_else(PoisonError::into_inner)
+    crate::sync::lock(&state.0)
 }
 
 /// `previous × (window − elapsed) / window`, rounded up: the previous window's weight.

@@ -1,7 +1,7 @@
 //! The sliding window log.
 
 use std::collections::VecDeque;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 
 use super::Algorithm;
 use super::fixed_window::WindowParams;
@@ -71,8 +71,7 @@ impl Log {
 }
 
 fn lock(state: &LogState) -> MutexGuard<'_, Log> {
-    // Nothing panics while the lock is held; a poisoned lock still holds a consistent log.
-    state.0.lock().unwrap_or_else(PoisonError::into_inner)
+    crate::sync::lock(&state.0)
 }
 
 impl Algorithm for SlidingWindowLog {

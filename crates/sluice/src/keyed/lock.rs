@@ -17,8 +17,10 @@
 
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
+
+use crate::sync::lock;
 
 /// One reader count on a cache line of its own (128 bytes: adjacent-line prefetch pairs lines).
 #[repr(align(128))]
@@ -59,7 +61,7 @@ struct Slot(usize);
 
 impl Slot {
     fn take() -> Self {
-        let mut free = FREE_SLOTS.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut free = lock(&FREE_SLOTS);
         let lowest = free
             .iter()
             .enumerate()
@@ -74,10 +76,7 @@ impl Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        FREE_SLOTS
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(self.0);
+        lock(&FREE_SLOTS).push(self.0);
     }
 }
 

@@ -17,21 +17,15 @@ where
     /// [`KeyedLimiter::check_n`], also returning what a refund needs: the entry's epoch and the
     /// time given to the algorithm. A key that is not stored (refused by a full store) is
     /// decided on a scratch state and its receipt gives nothing back.
+    #[inline]
     pub(crate) fn take_n<Q>(&self, key: &Q, cost: u64) -> Result<(Decision, Receipt), CheckError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned + ?Sized,
         Q::Owned: Into<K>,
     {
-        let hash = self.inner.hasher.hash_one(key);
-        for _ in 0..2 {
-            if let Ok((result, _)) = self.check_present(hash, key, cost) {
-                return result;
-            }
-            // New key or an epoch to move: the ordinary path does it (a peek consumes nothing).
-            self.check_n(key, 0)?;
-        }
-        self.check_n(key, cost).map(|d| (d, Receipt::NOTHING))
+        let checked = self.check_key(key, cost);
+        checked.result.map(|decision| (decision, checked.receipt))
     }
 
     /// Gives back `cost` taken by [`Self::take_n`], if the key still holds the same state.

@@ -1,69 +1,12 @@
 //! One shard of the keyed store: a hash index over a dense vector of entries, bounded, with
 //! sampled eviction (idle entries first, then the least frequently used, TinyLFU admission).
 
-use std::ops::Deref;
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::book::LimitRef;
 use super::index::{Index, MAX_ENTRIES};
 use super::sketch::FrequencySketch;
-use crate::{Algorithm, Quota};
-
-/// A quota compiled once for an algorithm, shared by every key that has it.
-#[derive(Debug)]
-pub(crate) struct Compiled<A: Algorithm> {
-    pub(crate) quota: Quota,
-    pub(crate) params: A::Params,
-    pub(crate) horizon: u64,
-}
-
-/// A compiled quota in the limiter's book, as its entries hold it.
-///
-/// The book keeps every compiled quota boxed (so it never moves) and never removes one while
-/// the limiter lives, and these references are held only by the limiter's own entries and
-/// fields: a plain pointer does, where a counted one cost two atomic operations per new key.
-pub(crate) struct LimitRef<A: Algorithm>(NonNull<Compiled<A>>);
-
-impl<A: Algorithm> LimitRef<A> {
-    /// A reference to a compiled quota the book holds (see the type's comment).
-    pub(crate) fn to_booked(compiled: &Compiled<A>) -> Self {
-        Self(NonNull::from(compiled))
-    }
-
-    pub(crate) fn same(&self, other: &Self) -> bool {
-        self.0 == other.0
-    }
-}
-
-impl<A: Algorithm> Clone for LimitRef<A> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-
-impl<A: Algorithm> Copy for LimitRef<A> {}
-
-impl<A: Algorithm> Deref for LimitRef<A> {
-    type Target = Compiled<A>;
-
-    #[inline]
-    fn deref(&self) -> &Compiled<A> {
-        // SAFETY: the book owns the pointee, boxed, until the limiter (which owns every
-        // `LimitRef`) is dropped; it is never written after it is booked.
-        unsafe { self.0.as_ref() }
-    }
-}
-
-// SAFETY: a `LimitRef` is a shared reference to a `Compiled<A>` (see `Deref`).
-unsafe impl<A: Algorithm> Send for LimitRef<A> where Compiled<A>: Sync {}
-// SAFETY: as for `Send`.
-unsafe impl<A: Algorithm> Sync for LimitRef<A> where Compiled<A>: Sync {}
-
-impl<A: Algorithm> std::fmt::Debug for LimitRef<A> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("LimitRef").field(&self.quota).finish()
-    }
-}
+use crate::Algorithm;
 
 /// The packed bookkeeping of an entry: recent-use count (bits 0–7), a fetch in flight (bit 8),
 /// a quota known from the source (bit 9), and when it was last fetched (bits 32–63, in units
@@ -73,6 +16,8 @@ pub(crate) mod meta {
     pub(crate) const FETCHING: u64 = 1 << 8;
     pub(crate) const KNOWN: u64 = 1 << 9;
     pub(crate) const MAX_FREQUENCY: u64 = 15;
+    /// The use count of a new entry: the check that brought it in.
+    pub(crate) const ONE_USE: u64 = 1;
 
     pub(crate) fn tick(now: u64) -> u64 {
         (now >> 20) & 0xFFFF_FFFF

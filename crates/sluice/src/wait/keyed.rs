@@ -3,8 +3,10 @@
 use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, RandomState};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use crate::sync::lock;
 use std::time::Duration;
 
 use super::direct::take_decision;
@@ -307,11 +309,6 @@ where
             Take::Retry(_) => Ok(None),
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Nothing panics under a queue lock; a poisoned map is still consistent.
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl<K, A, S, C> Host for KeyHost<'_, K, A, S, C>

@@ -189,11 +189,7 @@ impl CountedQueue {
 
     /// Runs `f` on the queue under its lock, then publishes its length.
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut Queue) -> R) -> R {
-        // Nothing panics under the lock; a poisoned queue is still consistent.
-        let mut queue = self
-            .queue
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut queue = crate::sync::lock(&self.queue);
         let result = f(&mut queue);
         self.waiters
             .store(queue.len(), std::sync::atomic::Ordering::SeqCst);

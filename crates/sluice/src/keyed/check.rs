@@ -1,0 +1,192 @@
+//! The two check paths: a key already held, under its shard's read lock; and the slow path
+//! under the write lock, which stores a new key or moves a key's epoch.
+
+use std::borrow::Borrow;
+use std::hash::{BuildHasher, Hash};
+
+use super::book::LimitRef;
+use super::shard::{Entry, Room, meta};
+use super::{Inner, KeyedLimiter, QuotaSource};
+use crate::chain::Receipt;
+use crate::limiter::decide;
+use crate::{Algorithm, CheckError, Clock, Decision};
+
+/// A check's answer, the limit it was decided under (its quota read only if wanted: copying
+/// one out of a call costs more than the pointer), and what a refund of it needs.
+pub(crate) struct Checked<A: Algorithm> {
+    pub(crate) result: Result<Decision, CheckError>,
+    pub(crate) limit: LimitRef<A>,
+    pub(crate) receipt: Receipt,
+}
+
+/// Why a check left the read-locked path for the slow one.
+#[derive(Clone, Copy)]
+enum Miss {
+    /// The key was not stored when the shard had seen this many inserts.
+    Absent { inserts: u64 },
+    /// The key's state must move to a new epoch, or was retired meanwhile.
+    Stale,
+}
+
+impl<K, A, S, C> KeyedLimiter<K, A, S, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    A: Algorithm,
+    S: QuotaSource<K>,
+    C: Clock + 'static,
+{
+    /// Checks `cost` for `key` on whichever path it needs.
+    #[inline(always)]
+    pub(crate) fn check_key<Q>(&self, key: &Q, cost: u64) -> Checked<A>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        let hash = self.inner.hasher.hash_one(key);
+        match self.check_present(hash, key, cost) {
+            Ok(checked) => checked,
+            Err(miss) => self.check_slow(hash, key.to_owned().into(), cost, miss),
+        }
+    }
+
+    /// The check of a key already stored, under the shard's read lock; else why the slow path
+    /// must take it.
+    #[inline(always)]
+    fn check_present<Q>(&self, hash: u64, key: &Q, cost: u64) -> Result<Checked<A>, Miss>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        let inner = &*self.inner;
+        let guard = inner.shard(hash).read();
+        let Some(i) = guard.find(hash, key) else {
+            // A new key: what the slow path will need is loaded on the way there.
+            guard.prefetch_room(hash);
+            return Err(Miss::Absent {
+                inserts: guard.inserts,
+            });
+        };
+        let entry = &guard.entries[i];
+        let now = inner.clock.now();
+        let since = entry.since_epoch(now);
+        if since > entry.limit.horizon {
+            return Err(Miss::Stale);
+        }
+        let seen = entry.touch();
+        let limit = entry.limit;
+        let Some(result) = decide(
+            &inner.algorithm,
+            &limit.quota,
+            &limit.params,
+            &entry.state,
+            since,
+            cost,
+        ) else {
+            return Err(Miss::Stale);
+        };
+        let receipt = Receipt::new(since, entry.epoch);
+        let refresh = inner.claim_refresh(entry, seen, now);
+        drop(guard);
+        if refresh {
+            self.refresh(key.to_owned().into());
+        }
+        Ok(Checked {
+            result,
+            limit,
+            receipt,
+        })
+    }
+
+    /// Inserts the key, moves its epoch or finds it inserted meanwhile: under the write lock.
+    #[cold]
+    fn check_slow(&self, hash: u64, key: K, cost: u64, miss: Miss) -> Checked<A> {
+        let inner = &*self.inner;
+        let mut now = inner.clock.now();
+        let mut guard = inner.shard(hash).write();
+        // Only an insert can bring the key in: with none since the miss, it is still absent.
+        let unchanged = matches!(miss, Miss::Absent { inserts } if inserts == guard.inserts);
+        if !unchanged && let Some(i) = guard.find(hash, &key) {
+            return inner.decide_held(&mut guard.entries[i], now, cost);
+        }
+        // A source runs user code and may be waited for: never under the shard's lock. The
+        // key may have come in meanwhile.
+        let (limit, bits, pending) = if let Some(source) = &inner.source {
+            let inserts = guard.inserts;
+            drop(guard);
+            let fetched = inner.first_fetch(source, &key, now);
+            guard = inner.shard(hash).write();
+            now = inner.clock.now();
+            if guard.inserts != inserts
+                && let Some(i) = guard.find(hash, &key)
+            {
+                return inner.decide_held(&mut guard.entries[i], now, cost);
+            }
+            fetched
+        } else {
+            // Without a source every key has the unknown-key quota, known at once.
+            (inner.unknown, meta::with_fetched_at(meta::KNOWN, now), None)
+        };
+        let hash_of = |k: &K| inner.hasher.hash_one(k);
+        let place = match guard.make_room(&inner.algorithm, hash, now, hash_of) {
+            Room::Refused => {
+                drop(guard);
+                let scratch = Entry::new(&inner.algorithm, key, limit, now, bits);
+                let checked = inner.decide_on(&scratch, now, cost);
+                // Nothing was stored, so nothing can be given back.
+                return Checked {
+                    receipt: Receipt::NOTHING,
+                    ..checked
+                };
+            }
+            Room::Free => None,
+            Room::Reused(i) => Some(i),
+        };
+        // The key is copied only when a fetch needs it too.
+        let (stored, fetch) = match pending {
+            Some(fetch) => (key.clone(), Some((key, fetch))),
+            None => (key, None),
+        };
+        let entry = Entry::new(&inner.algorithm, stored, limit, now, bits | meta::ONE_USE);
+        let i = guard.insert(place, hash, entry, hash_of);
+        let checked = inner.decide_on(&guard.entries[i], now, cost);
+        drop(guard);
+        if let Some((key, fetch)) = fetch {
+            self.spawn_fetch(key, fetch);
+        }
+        checked
+    }
+}
+
+impl<K, A: Algorithm, S, C> Inner<K, A, S, C> {
+    /// Decides on a held entry under the write lock, moving its epoch first if time passed
+    /// its horizon.
+    fn decide_held(&self, entry: &mut Entry<K, A>, now: u64, cost: u64) -> Checked<A> {
+        if entry.since_epoch(now) > entry.limit.horizon {
+            entry.replace_limit(&self.algorithm, entry.limit, now);
+        }
+        self.decide_on(entry, now, cost)
+    }
+
+    #[inline]
+    fn decide_on(&self, entry: &Entry<K, A>, now: u64, cost: u64) -> Checked<A> {
+        let limit = entry.limit;
+        let since = entry.since_epoch(now).min(limit.horizon);
+        // Under the write lock (or on a private entry) the state cannot be retired.
+        let result = decide(
+            &self.algorithm,
+            &limit.quota,
+            &limit.params,
+            &entry.state,
+            since,
+            cost,
+        )
+        .unwrap_or(Ok(Decision::denied(limit.quota.capacity(), 0, 0, 1)));
+        Checked {
+            result,
+            limit,
+            receipt: Receipt::new(since, entry.epoch),
+        }
+    }
+}

@@ -1,0 +1,43 @@
+//! What a keyed limiter counts about itself.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Counters of a keyed limiter, read with [`super::KeyedLimiter::metrics`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeyedMetrics {
+    /// Keys held now.
+    pub entries: u64,
+    /// Entries evicted because they carried no information.
+    pub evicted_idle: u64,
+    /// Entries evicted as the least frequently used of a sample.
+    pub evicted_frequency: u64,
+    /// Newcomers not stored because everyone they could replace was used more.
+    pub refused: u64,
+    /// Quota fetches started.
+    pub fetches: u64,
+    /// Quota fetches that failed (the key kept its last known quota).
+    pub fetch_errors: u64,
+}
+
+/// The limiter-wide counters. Evictions and refusals are counted per shard, under its write
+/// lock.
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) fetches: AtomicU64,
+    pub(crate) fetch_errors: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn read(&self) -> KeyedMetrics {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        KeyedMetrics {
+            fetches: load(&self.fetches),
+            fetch_errors: load(&self.fetch_errors),
+            ..KeyedMetrics::default()
+        }
+    }
+}
+
+pub(crate) fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
