@@ -223,7 +223,7 @@ async fn shared<A: RedisAlgorithm>(
         .policy(policy)
         .hosts(redis.hosts)
         .prefix(redis.prefix.clone())
-        .key_capacity(settings.capacity)
+        .capacity(settings.capacity)
         .refresh_every(settings.refresh)
         .build(store.map_err(SharedError::Redis)?)
         .map_err(SharedError::Redis)?;

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use sluice::{AcquireError, ConcurrencyLimiter, OwnedPermit};
 
-use crate::limiter::duration_nanos;
 use crate::script::CONCURRENCY;
 use crate::{Error, FailurePolicy, RedisStore};
+use sluice::saturating_nanos;
 
 /// At most `capacity` permits held at once across every process sharing the Redis and the
 /// name. Each acquisition is a lease of `lease` length: released when the [`RedisPermit`] is
@@ -116,7 +116,7 @@ impl RedisConcurrencyLimiter {
             }
             .into());
         }
-        let lease = i64::try_from(duration_nanos(inner.lease) / 1000).unwrap_or(i64::MAX);
+        let lease = i64::try_from(saturating_nanos(inner.lease) / 1000).unwrap_or(i64::MAX);
         let args = [
             "acquire".to_string(),
             "-1".to_string(),
@@ -220,7 +220,7 @@ impl RedisPermit {
             return !matches!(self.held, Held::Released);
         };
         let inner = &self.limiter.inner;
-        let lease = duration_nanos(inner.lease) / 1000;
+        let lease = saturating_nanos(inner.lease) / 1000;
         let args = [
             "renew".to_string(),
             "-1".to_string(),

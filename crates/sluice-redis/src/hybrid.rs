@@ -18,12 +18,13 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError, RwLock, Weak};
+use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
-use sluice::{Clock, Decision, MonotonicClock, Quota, QuotaSource, StaticQuotas};
+use sluice::{Clock, Decision, MonotonicClock, Quota, QuotaSource, StaticQuotas, saturating_nanos};
 
-use crate::limiter::{Prepared, duration_nanos};
+use crate::limiter::{Consume, Prepared, ScriptTime};
+use crate::sync::{read, write};
 use crate::{Error, RedisAlgorithm, RedisLimiter};
 
 /// Counters of a [`HybridLimiter`].
@@ -65,7 +66,7 @@ struct Entry {
     state: AtomicU64,
     capacity: AtomicU64,
     /// The most one interval's allowance can be.
-    cap: AtomicU64,
+    max_allowance: AtomicU64,
     /// What Redis said remains, at the last contact.
     global: AtomicU64,
     reset_ns: AtomicU64,
@@ -83,12 +84,12 @@ fn unpack(state: u64) -> (u64, u64) {
 }
 
 impl Entry {
-    fn new(quota: &Quota, cap: u64, decision: Decision) -> Self {
+    fn new(quota: &Quota, max_allowance: u64, decision: Decision) -> Self {
         let remaining = decision.remaining();
         Self {
-            state: AtomicU64::new(pack(remaining.min(cap), 0)),
+            state: AtomicU64::new(pack(remaining.min(max_allowance), 0)),
             capacity: AtomicU64::new(quota.capacity()),
-            cap: AtomicU64::new(cap),
+            max_allowance: AtomicU64::new(max_allowance),
             global: AtomicU64::new(remaining),
             reset_ns: AtomicU64::new(decision.reset_after_nanos()),
             touched: AtomicBool::new(true),
@@ -198,7 +199,7 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> HybridLimiter<A, S> {
             strict,
             interval,
             entries: RwLock::new(HashMap::new()),
-            next_sync: AtomicU64::new(MonotonicClock.now().saturating_add(duration_nanos(interval))),
+            next_sync: AtomicU64::new(MonotonicClock.now().saturating_add(saturating_nanos(interval))),
             counters: Counters::default(),
         });
         let weak: Weak<Inner<A, S>> = Arc::downgrade(&inner);
@@ -232,7 +233,7 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> HybridLimiter<A, S> {
         };
         let capacity = entry.capacity.load(Ordering::Relaxed);
         entry.touched.store(true, Ordering::Relaxed);
-        if cost <= capacity && cost <= entry.cap.load(Ordering::Relaxed) {
+        if cost <= capacity && cost <= entry.max_allowance.load(Ordering::Relaxed) {
             let reset = entry.reset_ns.load(Ordering::Relaxed);
             match entry.take(cost) {
                 Ok(left) => {
@@ -264,13 +265,17 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> HybridLimiter<A, S> {
             Prepared::Plan(quota, plan) => (quota, plan),
         };
         inner.counters.strict_checks.fetch_add(1, Ordering::Relaxed);
-        match inner.strict.run(key, &plan, cost, false, -1).await {
+        match inner
+            .strict
+            .run(key, &plan, cost, Consume::IfAdmitted, ScriptTime::Redis)
+            .await
+        {
             Ok(decision) => {
                 match entry {
                     Some(entry) => entry.global.store(decision.remaining(), Ordering::Relaxed),
                     None => {
-                        let cap = inner.per_interval(&quota);
-                        let fresh = Entry::new(&quota, cap, decision);
+                        let max_allowance = inner.per_interval(&quota);
+                        let fresh = Entry::new(&quota, max_allowance, decision);
                         let mut entries = write(&inner.entries);
                         entries.entry(key.to_string()).or_insert_with(|| Arc::new(fresh));
                     }
@@ -310,14 +315,16 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> Inner<A, S> {
     /// The most one host admits locally between two syncs: what the quota refills in one
     /// interval, rounded up (at least 1).
     fn per_interval(&self, quota: &Quota) -> u64 {
-        let units = (u128::from(duration_nanos(self.interval)) * u128::from(quota.count()))
+        let units = (u128::from(saturating_nanos(self.interval)) * u128::from(quota.count()))
             .div_ceil(u128::from(quota.period_nanos().max(1)));
         u64::try_from(units).unwrap_or(u64::MAX).max(1)
     }
 
     async fn sync(self: &Arc<Self>) {
         self.next_sync.store(
-            MonotonicClock.now().saturating_add(duration_nanos(self.interval)),
+            MonotonicClock
+                .now()
+                .saturating_add(saturating_nanos(self.interval)),
             Ordering::Relaxed,
         );
         self.counters.syncs.fetch_add(1, Ordering::Relaxed);
@@ -354,17 +361,21 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> Inner<A, S> {
                 return;
             }
         };
-        match self.strict.run(key, &plan, used, true, -1).await {
+        match self
+            .strict
+            .run(key, &plan, used, Consume::Regardless, ScriptTime::Redis)
+            .await
+        {
             Ok(decision) => {
-                let cap = self.per_interval(&quota);
+                let max_allowance = self.per_interval(&quota);
                 let remaining = decision.remaining();
                 entry.capacity.store(quota.capacity(), Ordering::Relaxed);
-                entry.cap.store(cap, Ordering::Relaxed);
+                entry.max_allowance.store(max_allowance, Ordering::Relaxed);
                 entry.global.store(remaining, Ordering::Relaxed);
                 entry
                     .reset_ns
                     .store(decision.reset_after_nanos(), Ordering::Relaxed);
-                entry.refill(remaining.min(cap));
+                entry.refill(remaining.min(max_allowance));
             }
             Err(error) => {
                 self.counters.sync_failures.fetch_add(1, Ordering::Relaxed);
@@ -373,12 +384,4 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> Inner<A, S> {
             }
         }
     }
-}
-
-fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    lock.read().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    lock.write().unwrap_or_else(PoisonError::into_inner)
 }

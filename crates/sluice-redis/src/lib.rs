@@ -40,6 +40,7 @@ mod limiter;
 mod script;
 mod source;
 mod store;
+mod sync;
 
 pub use algorithm::RedisAlgorithm;
 pub use concurrency::{RedisConcurrencyLimiter, RedisPermit};

@@ -6,12 +6,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sluice::{
-    CheckError, Clock, Decision, FixedWindow, KeyedLimiter, MonotonicClock, Quota, QuotaSource, StaticQuotas,
+    CheckError, Clock, DEFAULT_CAPACITY, DEFAULT_REFRESH, Decision, KeyedLimiter, MonotonicClock, Quota,
+    QuotaSource, StaticQuotas, Unmetered, saturating_nanos,
 };
 
 use crate::algorithm::kind_of;
 use crate::script::{Kind, Plan};
-use crate::source::{Share, Shared, share};
+use crate::source::{Share, SharedSource, share};
 use crate::store::CallError;
 use crate::{Error, RedisAlgorithm, RedisOptions, RedisStore, StoreMetrics};
 
@@ -95,7 +96,7 @@ pub struct RedisLimiterBuilder<A, S> {
     prefix: String,
     policy: FailurePolicy,
     hosts: u64,
-    keys: usize,
+    capacity: usize,
     refresh: Duration,
     clock: LocalClock,
 }
@@ -114,7 +115,7 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiterBuilder<A, S> {
             prefix: self.prefix,
             policy: self.policy,
             hosts: self.hosts,
-            keys: self.keys,
+            capacity: self.capacity,
             refresh: self.refresh,
             clock: self.clock,
         }
@@ -153,9 +154,10 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiterBuilder<A, S> {
         self
     }
 
-    /// How many keys' quotas are held in memory (default 100 000), as in the core keyed limiter.
-    pub fn key_capacity(mut self, keys: usize) -> Self {
-        self.keys = keys;
+    /// How many keys' quotas are held in memory (default [`sluice::DEFAULT_CAPACITY`]), as in
+    /// the core keyed limiter.
+    pub fn capacity(mut self, keys: usize) -> Self {
+        self.capacity = keys;
         self
     }
 
@@ -192,10 +194,10 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiterBuilder<A, S> {
         let spawn = move |task| {
             runtime.spawn(task);
         };
-        let book = KeyedLimiter::builder(FixedWindow, self.failsafe)
-            .source(Shared(Arc::clone(&source)))
+        let book = KeyedLimiter::builder(Unmetered, self.failsafe)
+            .source(SharedSource(Arc::clone(&source)))
             .unknown_key_quota(self.unknown)
-            .capacity(self.keys)
+            .capacity(self.capacity)
             .refresh_every(self.refresh)
             .spawner(spawn.clone())
             .build()?;
@@ -209,7 +211,7 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiterBuilder<A, S> {
                         hosts: self.hosts,
                     })
                     .unknown_key_quota(unknown)
-                    .capacity(self.keys)
+                    .capacity(self.capacity)
                     .refresh_every(self.refresh)
                     .spawner(spawn)
                     .clock(self.clock)
@@ -223,7 +225,6 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiterBuilder<A, S> {
                 store,
                 kind,
                 prefix: self.prefix,
-                failsafe: self.failsafe,
                 policy: self.policy,
                 hosts: self.hosts,
                 book,
@@ -283,12 +284,11 @@ struct Inner<A: RedisAlgorithm, S> {
     store: RedisStore,
     kind: Kind,
     prefix: String,
-    failsafe: Quota,
     policy: FailurePolicy,
     hosts: u64,
     /// The quota of each key, from the source, with the core's failsafe and unknown-key
-    /// rules; its own counting is unused (checks only peek).
-    book: KeyedLimiter<String, FixedWindow, Shared<S>>,
+    /// rules (it counts nothing: the counting is on Redis).
+    book: KeyedLimiter<String, Unmetered, SharedSource<S>>,
     fallback: Option<KeyedLimiter<String, A, Share<S>, LocalClock>>,
     counters: Counters,
 }
@@ -305,11 +305,29 @@ impl<A: RedisAlgorithm> RedisLimiter<A> {
             prefix: "sluice".to_string(),
             policy: FailurePolicy::default(),
             hosts: 1,
-            keys: 100_000,
-            refresh: Duration::from_secs(60),
+            capacity: DEFAULT_CAPACITY,
+            refresh: DEFAULT_REFRESH,
             clock: Arc::new(MonotonicClock),
         }
     }
+}
+
+/// Whether a script consumes a cost its limit does not admit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Consume {
+    /// Only if admitted: a check.
+    IfAdmitted,
+    /// Even beyond the limit: the hybrid limiter's sync of what it admitted locally.
+    Regardless,
+}
+
+/// The time a script decides at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ScriptTime {
+    /// Redis' own clock, so hosts with skewed clocks agree.
+    Redis,
+    /// A given time in microseconds, for tests that replay a sequence of instants.
+    AtMicros(u64),
 }
 
 /// A check that could not be decided, or the quota it ran under.
@@ -327,23 +345,22 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiter<A, S> {
     /// the key's quota cannot be held exactly by the backend. An unreachable Redis is not an
     /// error: the failure policy answers.
     pub async fn check_n(&self, key: &str, cost: u64) -> Result<Decision, Error> {
-        self.check_with(key, cost, -1).await
+        self.check_with(key, cost, ScriptTime::Redis).await
     }
 
     /// As [`RedisLimiter::check_n`], at a given Redis time in microseconds instead of Redis'
     /// clock: for tests that replay a sequence of instants.
     #[doc(hidden)]
     pub async fn check_n_at_micros(&self, key: &str, cost: u64, now_micros: u64) -> Result<Decision, Error> {
-        self.check_with(key, cost, i64::try_from(now_micros).unwrap_or(i64::MAX))
-            .await
+        self.check_with(key, cost, ScriptTime::AtMicros(now_micros)).await
     }
 
-    async fn check_with(&self, key: &str, cost: u64, now: i64) -> Result<Decision, Error> {
+    async fn check_with(&self, key: &str, cost: u64, now: ScriptTime) -> Result<Decision, Error> {
         let (quota, plan) = match self.prepare(key, cost) {
             Prepared::Done(result) => return result,
             Prepared::Plan(quota, plan) => (quota, plan),
         };
-        match self.run(key, &plan, cost, false, now).await {
+        match self.run(key, &plan, cost, Consume::IfAdmitted, now).await {
             Ok(decision) => Ok(decision),
             Err(error) => self.by_policy(key, &quota, cost, &error),
         }
@@ -371,10 +388,7 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiter<A, S> {
 
     /// The quota `key` is governed by now (fetching it from the source if new).
     pub fn quota_of(&self, key: &str) -> Quota {
-        let book = &self.inner.book;
-        // A peek inserts the key (starting its fetch) and never fails: cost 0 fits any quota.
-        let _ = book.check_n(key, 0);
-        book.quota_of(key).unwrap_or(self.inner.failsafe)
+        self.inner.book.resolve_quota(key)
     }
 
     /// The script arguments of a quota (not [`Quota::deny_all`]) under this limiter's algorithm.
@@ -382,19 +396,28 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiter<A, S> {
         Plan::new(self.inner.kind, quota)
     }
 
-    /// Runs the key's script: `force` consumes even beyond the limit (hybrid sync).
+    /// Runs the key's script.
     pub(crate) async fn run(
         &self,
         key: &str,
         plan: &Plan,
         cost: u64,
-        force: bool,
-        now: i64,
+        consume: Consume,
+        now: ScriptTime,
     ) -> Result<Decision, CallError> {
         let keys = plan.kind.keys(&format!("{{{}:{key}}}", self.inner.prefix));
-        let [a, b, c] = plan.args().map(|v| i64::try_from(v).unwrap_or(i64::MAX));
-        let cost = i64::try_from(cost).unwrap_or(i64::MAX);
-        let args = [cost, i64::from(force), now, a, b, c];
+        let to_arg = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        let [a, b, c] = plan.args().map(to_arg);
+        let force = match consume {
+            Consume::IfAdmitted => 0,
+            Consume::Regardless => 1,
+        };
+        // The scripts read Redis' own clock when given a negative time.
+        let now = match now {
+            ScriptTime::Redis => -1,
+            ScriptTime::AtMicros(micros) => to_arg(micros),
+        };
+        let args = [to_arg(cost), force, now, a, b, c];
         let reply = self.inner.store.eval(plan.kind.script(), &keys, &args).await?;
         self.inner.counters.redis_checks.fetch_add(1, Ordering::Relaxed);
         plan.decision(&reply).ok_or_else(|| {
@@ -428,7 +451,7 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiter<A, S> {
                         capacity,
                         0,
                         0,
-                        duration_nanos(self.inner.store.until_probe()),
+                        saturating_nanos(self.inner.store.until_probe()),
                     )),
                 }
             }
@@ -438,7 +461,7 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiter<A, S> {
                     capacity,
                     0,
                     0,
-                    duration_nanos(self.inner.store.until_probe()),
+                    saturating_nanos(self.inner.store.until_probe()),
                 ))
             }
         }
@@ -482,10 +505,6 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiter<A, S> {
     pub fn hosts(&self) -> u64 {
         self.inner.hosts
     }
-}
-
-pub(crate) fn duration_nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// One key of a [`RedisLimiter`], checked without naming the key each time.

@@ -70,15 +70,6 @@ impl Kind {
     }
 }
 
-const fn gcd(mut a: u128, mut b: u128) -> u128 {
-    while b != 0 {
-        let t = a % b;
-        a = b;
-        b = t;
-    }
-    a
-}
-
 /// A quota compiled into script arguments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Plan {
@@ -108,12 +99,11 @@ impl Plan {
         let capacity = quota.capacity();
         let shape = match kind {
             Kind::TokenBucket => {
-                // c units per p ns is 1000·c units per p µs; count in 1/k µs, k = 1000·c / g.
-                let (c, p) = quota.reduced_rate();
-                let (k, p) = (u128::from(c) * 1000, u128::from(p));
-                let g = gcd(k, p);
+                // k units every p µs, in lowest terms: count time in 1/k µs.
+                let (k, p) = quota.reduced_rate_per(1000);
+                let p = u128::from(p);
                 let fit = |x: u128| u64::try_from(x).ok().filter(|x| *x <= EXACT_LIMIT);
-                match (fit(k / g), fit(p / g), fit(u128::from(capacity) * (p / g))) {
+                match (fit(k), fit(p), fit(u128::from(capacity) * p)) {
                     (Some(k), Some(p), Some(tau)) => Shape::Gcra { k, p, tau },
                     _ => {
                         return Err(too_large(

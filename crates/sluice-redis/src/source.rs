@@ -8,9 +8,9 @@ use std::time::Duration;
 use sluice::{FetchResult, Quota, QuotaError, QuotaSource};
 
 /// One quota source used by several keyed limiters.
-pub(crate) struct Shared<S>(pub(crate) Arc<S>);
+pub(crate) struct SharedSource<S>(pub(crate) Arc<S>);
 
-impl<S: QuotaSource<String>> QuotaSource<String> for Shared<S> {
+impl<S: QuotaSource<String>> QuotaSource<String> for SharedSource<S> {
     fn fetch(&self, key: &String) -> impl Future<Output = FetchResult> + Send + 'static {
         self.0.fetch(key)
     }

@@ -2,16 +2,17 @@
 //! health state that decides when to stop asking and when to probe again.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisFuture, Script, ToRedisArgs, Value};
-use sluice::{Clock, MonotonicClock};
+use sluice::{Clock, MonotonicClock, saturating_nanos};
 
 use crate::Error;
+use crate::sync::{read, write};
 
 /// Settings of a connection to Redis.
 ///
@@ -299,7 +300,7 @@ impl RedisStore {
         let conn = connect.await.map_err(|e| {
             redis::RedisError::from(std::io::Error::other(format!("connecting task failed: {e}")))
         })??;
-        *self.inner.conn.write().unwrap_or_else(PoisonError::into_inner) = Some(conn.clone());
+        *write(&self.inner.conn) = Some(conn.clone());
         Ok(conn)
     }
 
@@ -336,16 +337,12 @@ impl RedisStore {
             Ok(_) => health.succeeded(&self.inner.url, attempt),
             Err(e) => {
                 // A broken or stalled connection is replaced at the next attempt.
-                *self.inner.conn.write().unwrap_or_else(PoisonError::into_inner) = None;
+                *write(&self.inner.conn) = None;
                 health.failed(&self.inner.url, e, attempt);
             }
         }
         result
     }
-}
-
-fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    lock.read().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Healthy, or degraded with a time for the next probe; probes back off exponentially.
@@ -365,10 +362,6 @@ struct Health {
     skipped: AtomicU64,
 }
 
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
 /// What kind of call may go out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Attempt {
@@ -378,14 +371,14 @@ enum Attempt {
 
 impl Health {
     fn new(options: &RedisOptions) -> Self {
-        let min_backoff = nanos(options.probe_backoff).max(1);
+        let min_backoff = saturating_nanos(options.probe_backoff).max(1);
         Self {
             degraded: AtomicBool::new(false),
             next_probe: AtomicU64::new(0),
             backoff: AtomicU64::new(min_backoff),
             min_backoff,
-            max_backoff: nanos(options.probe_backoff_max).max(min_backoff),
-            timeout: nanos(options.timeout),
+            max_backoff: saturating_nanos(options.probe_backoff_max).max(min_backoff),
+            timeout: saturating_nanos(options.timeout),
             calls: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             timeouts: AtomicU64::new(0),

@@ -226,10 +226,10 @@ async fn every_key_expires_when_idle_and_shares_a_hash_tag() {
     let c = host(SlidingWindowCounter, store.clone(), "5/s").await;
     let d = host(FixedWindow, store, "5/s").await;
     for key in ["one", "two"] {
-        a.check_n(key, 1).await.expect("check");
-        b.check_n(key, 2).await.expect("check");
-        c.check_n(key, 1).await.expect("check");
-        d.check_n(key, 1).await.expect("check");
+        let _ = a.check_n(key, 1).await.expect("check");
+        let _ = b.check_n(key, 2).await.expect("check");
+        let _ = c.check_n(key, 1).await.expect("check");
+        let _ = d.check_n(key, 1).await.expect("check");
     }
     let keys = server.cli(&["--scan"]);
     let keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();

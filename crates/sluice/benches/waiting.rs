@@ -83,7 +83,7 @@ async fn drain_rate() -> Duration {
         .expect("valid quota");
     let waiting = Arc::new(WaitingLimiter::new(
         limiter,
-        WaitPolicy::wait().queue_limit(WAITERS),
+        WaitPolicy::wait().with_queue_limit(WAITERS),
     ));
     assert!(waiting.acquire(10_000).await.is_ok());
     let tasks: Vec<_> = (0..WAITERS)
@@ -105,7 +105,7 @@ async fn drain_rate() -> Duration {
 
 /// Queues `WAITERS` waiters behind one held permit, then times their drain.
 async fn drain_concurrency() -> Duration {
-    let limiter = WaitingConcurrency::new(1, WaitPolicy::wait().queue_limit(WAITERS));
+    let limiter = WaitingConcurrency::new(1, WaitPolicy::wait().with_queue_limit(WAITERS));
     let held = limiter.acquire(1).await.expect("a free permit");
     let tasks: Vec<_> = (0..WAITERS)
         .map(|_| {

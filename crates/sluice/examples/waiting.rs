@@ -51,7 +51,7 @@ fn main() -> Result<(), Box<dyn Error>> {
 /// Sends the burst and returns, for each request in arrival order, when it was granted.
 async fn shape() -> Result<Vec<Duration>, Box<dyn Error>> {
     let limiter = RateLimiter::with_clock(TokenBucket, "10/s".parse()?, TokioClock::new())?;
-    let policy = WaitPolicy::wait().queue_limit(REQUESTS as u64);
+    let policy = WaitPolicy::wait().with_queue_limit(REQUESTS as u64);
     let waiting = Arc::new(WaitingLimiter::new(limiter, policy));
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(REQUESTS);

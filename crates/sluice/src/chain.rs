@@ -49,23 +49,11 @@ impl Receipt {
     }
 
     /// When the take happened, as the link counts time.
-    ///
-    /// # Example
-    /// ```
-    /// use sluice::Receipt;
-    /// assert_eq!(Receipt::new(5, 1).at(), 5);
-    /// ```
     pub const fn at(&self) -> u64 {
         self.at
     }
 
     /// Which state the take was decided on, as the link names it.
-    ///
-    /// # Example
-    /// ```
-    /// use sluice::Receipt;
-    /// assert_eq!(Receipt::new(5, 1).tag(), 1);
-    /// ```
     pub const fn tag(&self) -> u64 {
         self.tag
     }

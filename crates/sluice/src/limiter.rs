@@ -5,6 +5,8 @@ mod refund;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
+use crate::algorithm::succeed;
+use crate::chain::Receipt;
 use crate::stable::StableBox;
 use crate::sync::lock;
 use crate::{Algorithm, CheckError, Clock, Decision, MonotonicClock, Quota, QuotaError};
@@ -120,6 +122,35 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
         self.take_n(cost).map(|(decision, _)| decision)
     }
 
+    /// [`RateLimiter::check_n`], also returning what a refund of this check needs: the state it
+    /// was decided on and the time given to the algorithm.
+    #[inline]
+    pub(crate) fn take_n(&self, cost: u64) -> Result<(Decision, Receipt), CheckError> {
+        loop {
+            let limit = self.current();
+            let now = self.clock.now();
+            if now > limit.last_valid {
+                self.replace(limit, None, now);
+                continue;
+            }
+            // A reading older than the epoch (a thread that read the clock just before a
+            // replacement) is taken as the epoch itself.
+            let since_epoch = now.saturating_sub(limit.epoch);
+            let result = decide(
+                &self.algorithm,
+                &limit.quota,
+                &limit.params,
+                &limit.state,
+                since_epoch,
+                cost,
+            );
+            if let Some(result) = result {
+                let tag = std::ptr::from_ref(limit) as usize as u64;
+                return result.map(|decision| (decision, Receipt::new(since_epoch, tag)));
+            }
+        }
+    }
+
     /// The quota in force.
     pub fn quota(&self) -> Quota {
         self.current().quota
@@ -167,15 +198,18 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
         if new.is_none() && !std::ptr::eq(current, seen) {
             return; // another thread moved the epoch already
         }
-        let snapshot = self.algorithm.retire(&current.state);
         let since_epoch = now.saturating_sub(current.epoch);
         let (quota, params) = match new {
             Some(new) => new,
             None => (current.quota, current.params.clone()),
         };
-        let (shift, state) = self
-            .algorithm
-            .carry_over(&current.params, snapshot, &params, since_epoch);
+        let (shift, state) = succeed(
+            &self.algorithm,
+            &current.params,
+            &current.state,
+            &params,
+            since_epoch,
+        );
         let successor = StableBox::new(Limit::new(
             &self.algorithm,
             quota,

@@ -237,6 +237,22 @@ impl Quota {
         (self.reduced_count, self.reduced_period)
     }
 
+    /// The rate in lowest terms counted in a coarser unit of time: `(k, q)` is `k` units every
+    /// `q` spans of `unit_nanos` ns (a Redis script counts in microseconds: `unit_nanos` 1000).
+    ///
+    /// # Example
+    /// ```
+    /// let quota: sluice::Quota = "3/s".parse()?;
+    /// assert_eq!(quota.reduced_rate_per(1_000), (3, 1_000_000)); // 3 every 10^6 µs
+    /// # Ok::<(), sluice::QuotaError>(())
+    /// ```
+    pub fn reduced_rate_per(&self, unit_nanos: u64) -> (u128, u64) {
+        let (c, p) = self.reduced_rate();
+        // c and p share no factor, so the factor c·unit and p share is that of unit and p.
+        let g = gcd(unit_nanos.max(1), p);
+        (u128::from(c) * u128::from(unit_nanos.max(1) / g), p / g)
+    }
+
     /// Nanoseconds to refill the whole capacity from empty, rounded up (at least 1): the
     /// window length of the window algorithms.
     pub fn fill_time_nanos(&self) -> u64 {

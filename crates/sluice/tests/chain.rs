@@ -176,7 +176,7 @@ fn a_keyed_link_refreshes_its_quota_as_a_check_does() {
     assert_eq!(link.take(1).unwrap().0.remaining(), 4);
     let fetched = limiter.metrics().fetches;
     clock.advance(Duration::from_secs(2));
-    link.take(1).unwrap();
+    let _ = link.take(1).unwrap();
     assert_eq!(limiter.metrics().fetches, fetched + 1);
 }
 

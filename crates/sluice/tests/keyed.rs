@@ -88,7 +88,7 @@ async fn a_failed_fetch_keeps_the_stale_quota_and_reports_it() {
         .on_fetch_error(move |key: &String, e| seen.lock().unwrap().push(format!("{key}: {e}")))
         .build()
         .unwrap();
-    limiter.check("bob");
+    let _ = limiter.check("bob");
     settle().await;
     assert_eq!(limiter.quota_of("bob"), Some(quota("5/s")));
     // Refresh after the period fails: the quota stays, the error is reported and counted.
@@ -103,7 +103,7 @@ async fn a_failed_fetch_keeps_the_stale_quota_and_reports_it() {
     // The next refresh succeeds with a new quota, applied without a reset.
     let update = source.next();
     clock.advance(Duration::from_secs(11));
-    limiter.check_n("bob", 3).unwrap();
+    let _ = limiter.check_n("bob", 3).unwrap();
     update.send(Ok(Some(quota("10/s")))).ok();
     settle().await;
     assert_eq!(limiter.quota_of("bob"), Some(quota("10/s")));
@@ -183,7 +183,7 @@ fn a_flood_of_keys_neither_grows_memory_nor_leaks_admissions() {
     let rounds = 10_000u64;
     for _ in 0..rounds {
         for _ in 0..1_000 {
-            limiter.check(&flood);
+            let _ = limiter.check(&flood);
             flood += 1;
         }
         for (k, count) in admitted.iter_mut().enumerate() {
@@ -318,7 +318,7 @@ fn a_source_handing_out_ever_new_quotas_is_capped_and_reported() {
         .unwrap();
     // 1024 quotas may be booked, the failsafe and unknown-key quotas among them.
     for n in 0..1100u64 {
-        limiter.check(&format!("a-{n}"));
+        let _ = limiter.check(&format!("a-{n}"));
     }
     assert_eq!(limiter.quota_of("a-5"), Some(quota("6/s")));
     assert_eq!(limiter.quota_of("a-1020"), Some(quota("1021/s")));
@@ -332,7 +332,7 @@ fn a_source_handing_out_ever_new_quotas_is_capped_and_reported() {
         assert!(errors[0].1.contains("distinct quotas"), "{}", errors[0].1);
     }
     // A value already booked still applies to a new key.
-    limiter.check(&"b-5".to_string());
+    let _ = limiter.check(&"b-5".to_string());
     assert_eq!(limiter.quota_of("b-5"), Some(quota("6/s")));
 }
 

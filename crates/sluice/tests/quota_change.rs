@@ -45,9 +45,9 @@ fn fixed_window_keeps_its_grid_when_the_window_length_stays() {
 fn sliding_log_keeps_its_entries_and_forgets_the_oldest_beyond_capacity() {
     let clock = ManualClock::new(0);
     let limiter = RateLimiter::with_clock(SlidingWindowLog, quota("10/s"), clock.clone()).unwrap();
-    limiter.check_n(3).unwrap();
+    let _ = limiter.check_n(3).unwrap();
     clock.advance_nanos(500_000_000);
-    limiter.check_n(4).unwrap();
+    let _ = limiter.check_n(4).unwrap();
     limiter.set_quota(quota("5/s")).unwrap();
     // 7 units logged, capped to the newest 5: 1 of the first batch and the 4.
     assert_eq!(limiter.check_n(0).unwrap().remaining(), 0);
@@ -59,7 +59,7 @@ fn sliding_log_keeps_its_entries_and_forgets_the_oldest_beyond_capacity() {
 fn sliding_counter_carries_its_estimate_into_a_new_window() {
     let clock = ManualClock::new(0);
     let limiter = RateLimiter::with_clock(SlidingWindowCounter, quota("10/s"), clock.clone()).unwrap();
-    limiter.check_n(10).unwrap();
+    let _ = limiter.check_n(10).unwrap();
     clock.advance_nanos(1_500_000_000); // half the previous window weighs: 5 used
     limiter.set_quota(quota("20/2s")).unwrap();
     assert_eq!(limiter.check_n(0).unwrap().remaining(), 15);

@@ -29,7 +29,7 @@ fn poll_once<F: Future + ?Sized>(future: Pin<&mut F>) -> Poll<F::Output> {
 #[tokio::test(start_paused = true)]
 async fn oldest_first_grants_in_arrival_order_and_a_large_request_is_not_starved() {
     let waiting = Arc::new(WaitingLimiter::new(bucket("10/s burst 5"), WaitPolicy::wait()));
-    waiting.acquire(5).await.unwrap(); // empty
+    let _ = waiting.acquire(5).await.unwrap(); // empty
     let start = Instant::now();
     let costs = [1u64, 5, 1, 1, 4, 1, 2, 5, 1, 3];
     let granted = Arc::new(Mutex::new(Vec::new()));
@@ -37,7 +37,7 @@ async fn oldest_first_grants_in_arrival_order_and_a_large_request_is_not_starved
     for (i, &cost) in costs.iter().enumerate() {
         let (waiting, granted) = (Arc::clone(&waiting), Arc::clone(&granted));
         tasks.push(tokio::spawn(async move {
-            waiting.acquire(cost).await.unwrap();
+            let _ = waiting.acquire(cost).await.unwrap();
             granted.lock().unwrap().push((i, Instant::now()));
         }));
         yield_now().await; // it joins the queue before the next arrives
@@ -73,10 +73,10 @@ async fn oldest_first_grants_in_arrival_order_and_a_large_request_is_not_starved
 #[tokio::test(start_paused = true)]
 async fn newest_first_serves_the_newest_and_evicts_the_oldest_to_make_room() {
     let policy = WaitPolicy::wait()
-        .queue_limit(2)
-        .order(sluice::QueueOrder::NewestFirst);
+        .with_queue_limit(2)
+        .with_queue_order(sluice::QueueOrder::NewestFirst);
     let waiting = Arc::new(WaitingLimiter::new(bucket("1/s burst 1"), policy));
-    waiting.acquire(1).await.unwrap(); // empty
+    let _ = waiting.acquire(1).await.unwrap(); // empty
     let granted = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for i in 0..3 {
@@ -103,9 +103,9 @@ async fn newest_first_serves_the_newest_and_evicts_the_oldest_to_make_room() {
 async fn ten_thousand_cancelled_waiters_leave_a_direct_limit_exactly_as_before() {
     let waiting = WaitingLimiter::new(
         bucket("100/s burst 100"),
-        WaitPolicy::wait().queue_limit(u64::MAX),
+        WaitPolicy::wait().with_queue_limit(u64::MAX),
     );
-    waiting.acquire(60).await.unwrap();
+    let _ = waiting.acquire(60).await.unwrap();
     let before = waiting.limiter().check_n(0).unwrap().remaining();
     assert_eq!(before, 40);
     {
@@ -133,7 +133,7 @@ async fn ten_thousand_cancelled_waiters_leave_a_direct_limit_exactly_as_before()
 
 #[tokio::test(start_paused = true)]
 async fn ten_thousand_cancelled_waiters_leave_concurrency_permits_exactly_as_before() {
-    let limiter = WaitingConcurrency::new(10, WaitPolicy::wait().queue_limit(u64::MAX));
+    let limiter = WaitingConcurrency::new(10, WaitPolicy::wait().with_queue_limit(u64::MAX));
     let _held = limiter.acquire(7).await.unwrap();
     {
         let mut futures: Vec<_> = (0..10_000u64)
@@ -162,9 +162,9 @@ async fn ten_thousand_cancelled_waiters_leave_no_keyed_queue_and_every_key_as_be
         .clock(TokioClock::new())
         .build()
         .unwrap();
-    let waiting = WaitingKeyed::new(limiter, WaitPolicy::wait().queue_limit(u64::MAX));
+    let waiting = WaitingKeyed::new(limiter, WaitPolicy::wait().with_queue_limit(u64::MAX));
     for key in 0..100u64 {
-        waiting.acquire(&key, 10 - key % 10).await.unwrap();
+        let _ = waiting.acquire(&key, 10 - key % 10).await.unwrap();
     }
     let remaining = |w: &WaitingKeyed<u64, TokenBucket, _, TokioClock>| -> Vec<u64> {
         (0..100u64)
@@ -192,7 +192,7 @@ async fn ten_thousand_cancelled_waiters_leave_no_keyed_queue_and_every_key_as_be
 #[tokio::test(start_paused = true)]
 async fn a_cancelled_head_passes_its_turn_on() {
     let waiting = Arc::new(WaitingLimiter::new(bucket("1/s burst 1"), WaitPolicy::wait()));
-    waiting.acquire(1).await.unwrap();
+    let _ = waiting.acquire(1).await.unwrap();
     let mut head = Box::pin(waiting.acquire(1));
     assert!(poll_once(head.as_mut()).is_pending());
     let next = {
@@ -209,7 +209,7 @@ async fn a_cancelled_head_passes_its_turn_on() {
 #[tokio::test(start_paused = true)]
 async fn a_wait_that_would_exceed_the_timeout_is_rejected_at_once() {
     let waiting = WaitingLimiter::new(bucket("1/min"), WaitPolicy::wait());
-    waiting.acquire(1).await.unwrap();
+    let _ = waiting.acquire(1).await.unwrap();
     let start = Instant::now();
     let result = waiting.acquire_within(1, Duration::from_millis(100)).await;
     match result {
@@ -230,7 +230,7 @@ async fn a_wait_that_would_exceed_the_timeout_is_rejected_at_once() {
 #[tokio::test(start_paused = true)]
 async fn a_waiter_behind_the_head_times_out_on_its_own_deadline() {
     let waiting = Arc::new(WaitingLimiter::new(bucket("1/s burst 1"), WaitPolicy::wait()));
-    waiting.acquire(1).await.unwrap();
+    let _ = waiting.acquire(1).await.unwrap();
     let head = {
         let waiting = Arc::clone(&waiting);
         tokio::spawn(async move { waiting.acquire(1).await })
@@ -260,9 +260,9 @@ async fn a_waiter_behind_the_head_times_out_on_its_own_deadline() {
 
 #[tokio::test(start_paused = true)]
 async fn the_queue_limit_counts_permits() {
-    let policy = WaitPolicy::wait().queue_limit(3);
+    let policy = WaitPolicy::wait().with_queue_limit(3);
     let waiting = Arc::new(WaitingLimiter::new(bucket("1/s burst 2"), policy));
-    waiting.acquire(2).await.unwrap();
+    let _ = waiting.acquire(2).await.unwrap();
     let first = {
         let waiting = Arc::clone(&waiting);
         tokio::spawn(async move { waiting.acquire(2).await })
@@ -355,7 +355,7 @@ async fn keyed_queues_are_per_key_and_vanish_when_empty() {
         .build()
         .unwrap();
     let waiting = Arc::new(WaitingKeyed::new(limiter, WaitPolicy::wait()));
-    waiting.acquire("a", 1).await.unwrap();
+    let _ = waiting.acquire("a", 1).await.unwrap();
     let start = Instant::now();
     let queued = {
         let waiting = Arc::clone(&waiting);
@@ -364,7 +364,7 @@ async fn keyed_queues_are_per_key_and_vanish_when_empty() {
     yield_now().await;
     assert_eq!(waiting.queued_keys(), 1);
     // Another key is not held up by a's queue.
-    waiting.acquire("b", 1).await.unwrap();
+    let _ = waiting.acquire("b", 1).await.unwrap();
     assert_eq!(Instant::now(), start);
     assert!(queued.await.unwrap().is_ok());
     assert!(Instant::now() - start >= Duration::from_secs(1));
@@ -378,13 +378,13 @@ async fn keyed_queues_are_per_key_and_vanish_when_empty() {
 fn blocking_waiters_are_granted_in_arrival_order() {
     let limiter = RateLimiter::new(TokenBucket, "50/s burst 1".parse().unwrap()).unwrap();
     let waiting = Arc::new(WaitingLimiter::new(limiter, WaitPolicy::wait()));
-    waiting.acquire_blocking(1).unwrap();
+    let _ = waiting.acquire_blocking(1).unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut threads = Vec::new();
     for i in 0..5 {
         let (w, granted) = (Arc::clone(&waiting), Arc::clone(&order));
         threads.push(thread::spawn(move || {
-            w.acquire_blocking(1).unwrap();
+            let _ = w.acquire_blocking(1).unwrap();
             granted.lock().unwrap().push(i);
         }));
         // The next arrives only once this one waits (or was already granted).
@@ -403,8 +403,8 @@ fn a_blocking_wait_is_granted_after_the_retry_after() {
     let limiter = RateLimiter::new(TokenBucket, "2/s burst 1".parse().unwrap()).unwrap();
     let waiting = WaitingLimiter::new(limiter, WaitPolicy::wait());
     let start = std::time::Instant::now();
-    waiting.acquire_blocking(1).unwrap();
-    waiting
+    let _ = waiting.acquire_blocking(1).unwrap();
+    let _ = waiting
         .acquire_blocking_within(1, Duration::from_secs(30))
         .unwrap();
     assert!(
@@ -451,7 +451,7 @@ fn a_released_permit_wakes_a_blocked_thread() {
 #[test]
 fn eight_threads_share_concurrency_permits_without_lost_wakeups() {
     use std::sync::atomic::{AtomicU64, Ordering};
-    let limiter = WaitingConcurrency::new(4, WaitPolicy::wait().queue_limit(u64::MAX));
+    let limiter = WaitingConcurrency::new(4, WaitPolicy::wait().with_queue_limit(u64::MAX));
     let in_use = AtomicU64::new(0);
     let peak = AtomicU64::new(0);
     thread::scope(|s| {
@@ -484,7 +484,7 @@ async fn many_tasks_on_two_workers_are_all_granted_by_a_rate_limit() {
     let limiter = RateLimiter::new(TokenBucket, "5000/s burst 5".parse().unwrap()).unwrap();
     let waiting = Arc::new(WaitingLimiter::new(
         limiter,
-        WaitPolicy::wait().queue_limit(u64::MAX),
+        WaitPolicy::wait().with_queue_limit(u64::MAX),
     ));
     let tasks: Vec<_> = (0..500u64)
         .map(|i| {
@@ -501,7 +501,7 @@ async fn many_tasks_on_two_workers_are_all_granted_by_a_rate_limit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_tasks_on_two_workers_share_concurrency_permits() {
-    let limiter = WaitingConcurrency::new(3, WaitPolicy::wait().queue_limit(u64::MAX));
+    let limiter = WaitingConcurrency::new(3, WaitPolicy::wait().with_queue_limit(u64::MAX));
     let tasks: Vec<_> = (0..400u64)
         .map(|i| {
             let limiter = limiter.clone();

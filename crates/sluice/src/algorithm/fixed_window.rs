@@ -2,6 +2,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::word::{self, Step};
 use super::{Algorithm, RETIRED, SCALED_LIMIT};
 use crate::{Decision, Quota, QuotaError};
 
@@ -84,15 +85,11 @@ impl Algorithm for FixedWindow {
     ) -> Option<Decision> {
         let base = now / params.window * params.limit;
         let until_end = params.until_window_end(now);
-        let mut total = state.0.load(Ordering::Acquire);
-        loop {
-            if total == RETIRED {
-                return None;
-            }
+        word::update(&state.0, |total| {
             let used = total.saturating_sub(base);
             let reset = if used == 0 { 0 } else { until_end };
             if used + cost > params.limit {
-                return Some(Decision::denied(
+                return Step::Answer(Decision::denied(
                     params.limit,
                     params.limit - used,
                     reset,
@@ -100,28 +97,15 @@ impl Algorithm for FixedWindow {
                 ));
             }
             if cost == 0 {
-                return Some(Decision::allowed(params.limit, params.limit - used, reset));
+                return Step::Answer(Decision::allowed(params.limit, params.limit - used, reset));
             }
-            match state.0.compare_exchange_weak(
-                total,
-                base + used + cost,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => {
-                    return Some(Decision::allowed(
-                        params.limit,
-                        params.limit - used - cost,
-                        until_end,
-                    ));
-                }
-                Err(current) => total = current,
-            }
-        }
+            let allowed = Decision::allowed(params.limit, params.limit - used - cost, until_end);
+            Step::Write(base + used + cost, allowed)
+        })
     }
 
     fn retire(&self, state: &FixedWindowState) -> u64 {
-        state.0.swap(RETIRED, Ordering::AcqRel)
+        word::retire(&state.0)
     }
 
     fn carry_over(
@@ -143,25 +127,15 @@ impl Algorithm for FixedWindow {
 
     fn refund(&self, params: &WindowParams, state: &FixedWindowState, taken_at: u64, cost: u64) -> bool {
         let base = taken_at / params.window * params.limit;
-        let mut total = state.0.load(Ordering::Acquire);
-        loop {
-            if total == RETIRED {
-                return false;
-            }
+        word::update(&state.0, |total| {
             // Only while the state is still in the window of the take does it count. A later
             // window that has admitted anything holds more than `base + limit`.
             if total <= base || total > base + params.limit {
-                return true;
+                return Step::Answer(());
             }
-            let back = total - cost.min(total - base);
-            match state
-                .0
-                .compare_exchange_weak(total, back, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => return true,
-                Err(current) => total = current,
-            }
-        }
+            Step::Write(total - cost.min(total - base), ())
+        })
+        .is_some()
     }
 
     fn is_idle(&self, params: &WindowParams, state: &FixedWindowState, now: u64) -> bool {

@@ -8,6 +8,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::word::{self, Step};
 use super::{RETIRED, SCALED_LIMIT};
 use crate::{Decision, Quota, QuotaError};
 
@@ -67,11 +68,7 @@ pub struct GcraState(AtomicU64);
 pub(crate) fn check(params: &GcraParams, state: &GcraState, now: u64, cost: u64) -> Option<Decision> {
     let t = now * params.c;
     let cost_len = cost * params.p;
-    let mut tat = state.0.load(Ordering::Acquire);
-    loop {
-        if tat == RETIRED {
-            return None;
-        }
+    word::update(&state.0, |tat| {
         let base = tat.max(t);
         let ahead = base - t;
         let new_ahead = ahead + cost_len;
@@ -79,7 +76,7 @@ pub(crate) fn check(params: &GcraParams, state: &GcraState, now: u64, cost: u64)
         if over > params.max_delay {
             let retry = over - params.max_delay;
             let denied = Decision::denied(params.capacity, params.room(ahead), ahead, retry);
-            return Some(denied.scaled(params.p, params.c));
+            return Step::Answer(denied.scaled(params.p, params.c));
         }
         let allowed = |ahead| {
             Decision::allowed(params.capacity, params.room(ahead), ahead)
@@ -87,20 +84,14 @@ pub(crate) fn check(params: &GcraParams, state: &GcraState, now: u64, cost: u64)
                 .scaled(params.p, params.c)
         };
         if cost == 0 {
-            return Some(allowed(ahead));
+            return Step::Answer(allowed(ahead));
         }
-        match state
-            .0
-            .compare_exchange_weak(tat, base + cost_len, Ordering::AcqRel, Ordering::Acquire)
-        {
-            Ok(_) => return Some(allowed(new_ahead)),
-            Err(current) => tat = current,
-        }
-    }
+        Step::Write(base + cost_len, allowed(new_ahead))
+    })
 }
 
 pub(crate) fn retire(state: &GcraState) -> u64 {
-    state.0.swap(RETIRED, Ordering::AcqRel)
+    word::retire(&state.0)
 }
 
 pub(crate) fn carry_over(old: &GcraParams, tat: u64, new: &GcraParams, now: u64) -> (u64, GcraState) {
@@ -125,21 +116,13 @@ pub(crate) fn is_idle(params: &GcraParams, state: &GcraState, now: u64) -> bool 
 pub(crate) fn refund(params: &GcraParams, state: &GcraState, taken_at: u64, cost: u64) -> bool {
     let floor = taken_at * params.c;
     let cost_len = cost * params.p;
-    let mut tat = state.0.load(Ordering::Acquire);
-    loop {
-        if tat == RETIRED {
-            return false;
-        }
+    word::update(&state.0, |tat| {
         let back = tat.saturating_sub(cost_len).max(floor).min(tat);
         if back == tat {
-            return true;
+            Step::Answer(())
+        } else {
+            Step::Write(back, ())
         }
-        match state
-            .0
-            .compare_exchange_weak(tat, back, Ordering::AcqRel, Ordering::Acquire)
-        {
-            Ok(_) => return true,
-            Err(current) => tat = current,
-        }
-    }
+    })
+    .is_some()
 }

@@ -25,6 +25,7 @@ mod sliding_counter;
 mod sliding_log;
 mod token_bucket;
 mod unmetered;
+mod word;
 
 pub use fixed_window::FixedWindow;
 pub use leaky_bucket::LeakyBucket;
@@ -119,3 +120,17 @@ pub(crate) const RETIRED: u64 = u64::MAX;
 /// The cap for any scaled value the single-word algorithms store: live values stay below
 /// twice this, far from [`RETIRED`].
 pub(crate) const SCALED_LIMIT: u64 = 1 << 61;
+
+/// Retires `state` and builds its successor under `new` at `since` ns past the old epoch: a
+/// quota change and an epoch move alike, for every limiter. Returns how far the epoch moves
+/// and the new state; checks still on the retired state fail and retry on the successor.
+pub(crate) fn succeed<A: Algorithm>(
+    algorithm: &A,
+    old: &A::Params,
+    state: &A::State,
+    new: &A::Params,
+    since: u64,
+) -> (u64, A::State) {
+    let snapshot = algorithm.retire(state);
+    algorithm.carry_over(old, snapshot, new, since)
+}

@@ -7,6 +7,7 @@ use super::book::LimitRef;
 use super::index::{Index, MAX_ENTRIES};
 use super::sketch::FrequencySketch;
 use crate::Algorithm;
+use crate::algorithm::succeed;
 
 /// The packed bookkeeping of an entry: recent-use count (bits 0–7), a fetch in flight (bit 8),
 /// a quota known from the source (bit 9), and when it was last fetched (bits 32–63, in units
@@ -61,8 +62,7 @@ impl<K, A: Algorithm> Entry<K, A> {
     /// Moves the entry to another quota (or the same with a new epoch), carrying consumption.
     pub(crate) fn replace_limit(&mut self, algorithm: &A, limit: LimitRef<A>, now: u64) {
         let since = self.since_epoch(now).min(self.limit.horizon);
-        let snapshot = algorithm.retire(&self.state);
-        let (shift, state) = algorithm.carry_over(&self.limit.params, snapshot, &limit.params, since);
+        let (shift, state) = succeed(algorithm, &self.limit.params, &self.state, &limit.params, since);
         self.state = state;
         self.epoch += shift;
         self.limit = limit;

@@ -99,7 +99,7 @@ impl WaitingConcurrency {
     /// # Example
     /// ```
     /// use sluice::{WaitPolicy, WaitingConcurrency};
-    /// let limiter = WaitingConcurrency::new(8, WaitPolicy::wait().queue_limit(100));
+    /// let limiter = WaitingConcurrency::new(8, WaitPolicy::wait().with_queue_limit(100));
     /// assert_eq!(limiter.capacity(), 8);
     /// ```
     pub fn new(capacity: u64, policy: WaitPolicy) -> Self {

@@ -86,7 +86,7 @@ impl<A: Algorithm, C: Clock> WaitingLimiter<A, C> {
     /// # Example
     /// ```
     /// use sluice::{QueueOrder, RateLimiter, TokenBucket, WaitPolicy, WaitingLimiter};
-    /// let policy = WaitPolicy::wait().order(QueueOrder::NewestFirst);
+    /// let policy = WaitPolicy::wait().with_queue_order(QueueOrder::NewestFirst);
     /// let waiting = WaitingLimiter::new(RateLimiter::new(TokenBucket, "5/s".parse()?)?, policy);
     /// assert_eq!(waiting.policy().queue_order(), QueueOrder::NewestFirst);
     /// # Ok::<(), Box<dyn std::error::Error>>(())

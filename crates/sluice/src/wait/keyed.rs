@@ -75,7 +75,7 @@ where
     /// let limiter = KeyedLimiter::<String, _>::builder(TokenBucket, "10/s".parse()?)
     ///     .unknown_key_quota("10/s".parse()?)
     ///     .build()?;
-    /// let waiting = WaitingKeyed::new(limiter, WaitPolicy::wait().queue_limit(50));
+    /// let waiting = WaitingKeyed::new(limiter, WaitPolicy::wait().with_queue_limit(50));
     /// assert_eq!(waiting.waiters(), 0);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```

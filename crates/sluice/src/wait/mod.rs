@@ -53,7 +53,7 @@ use queue::{Queue, Step, Take, Wake};
 /// # Example
 /// ```
 /// use sluice::{QueueOrder, WaitPolicy};
-/// let policy = WaitPolicy::wait().order(QueueOrder::NewestFirst);
+/// let policy = WaitPolicy::wait().with_queue_order(QueueOrder::NewestFirst);
 /// assert_eq!(policy.queue_order(), QueueOrder::NewestFirst);
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -72,9 +72,9 @@ pub enum QueueOrder {
 /// ```
 /// use std::time::Duration;
 /// use sluice::WaitPolicy;
-/// let policy = WaitPolicy::wait_up_to(Duration::from_secs(2)).queue_limit(100);
+/// let policy = WaitPolicy::wait_up_to(Duration::from_secs(2)).with_queue_limit(100);
 /// assert_eq!(policy.timeout(), Some(Duration::from_secs(2)));
-/// assert_eq!(policy.limit(), 100);
+/// assert_eq!(policy.queue_limit(), 100);
 /// assert_eq!(WaitPolicy::reject().timeout(), Some(Duration::ZERO));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -99,7 +99,7 @@ impl WaitPolicy {
     /// # Example
     /// ```
     /// use sluice::WaitPolicy;
-    /// assert_eq!(WaitPolicy::reject().limit(), 0);
+    /// assert_eq!(WaitPolicy::reject().queue_limit(), 0);
     /// ```
     pub const fn reject() -> Self {
         Self {
@@ -145,9 +145,9 @@ impl WaitPolicy {
     /// # Example
     /// ```
     /// use sluice::WaitPolicy;
-    /// assert_eq!(WaitPolicy::wait().queue_limit(10).limit(), 10);
+    /// assert_eq!(WaitPolicy::wait().with_queue_limit(10).queue_limit(), 10);
     /// ```
-    pub const fn queue_limit(mut self, permits: u64) -> Self {
+    pub const fn with_queue_limit(mut self, permits: u64) -> Self {
         self.queue_limit = permits;
         self
     }
@@ -157,42 +157,24 @@ impl WaitPolicy {
     /// # Example
     /// ```
     /// use sluice::{QueueOrder, WaitPolicy};
-    /// assert_eq!(WaitPolicy::wait().order(QueueOrder::NewestFirst).queue_order(), QueueOrder::NewestFirst);
+    /// assert_eq!(WaitPolicy::wait().with_queue_order(QueueOrder::NewestFirst).queue_order(), QueueOrder::NewestFirst);
     /// ```
-    pub const fn order(mut self, order: QueueOrder) -> Self {
+    pub const fn with_queue_order(mut self, order: QueueOrder) -> Self {
         self.order = order;
         self
     }
 
     /// How long a request may wait (`None`: for ever).
-    ///
-    /// # Example
-    /// ```
-    /// use sluice::WaitPolicy;
-    /// assert_eq!(WaitPolicy::default().timeout(), None);
-    /// ```
     pub const fn timeout(&self) -> Option<Duration> {
         self.timeout
     }
 
     /// The queue limit in permits.
-    ///
-    /// # Example
-    /// ```
-    /// use sluice::WaitPolicy;
-    /// assert_eq!(WaitPolicy::wait().limit(), WaitPolicy::DEFAULT_QUEUE_LIMIT);
-    /// ```
-    pub const fn limit(&self) -> u64 {
+    pub const fn queue_limit(&self) -> u64 {
         self.queue_limit
     }
 
     /// The order the queue is served in.
-    ///
-    /// # Example
-    /// ```
-    /// use sluice::{QueueOrder, WaitPolicy};
-    /// assert_eq!(WaitPolicy::wait().queue_order(), QueueOrder::OldestFirst);
-    /// ```
     pub const fn queue_order(&self) -> QueueOrder {
         self.order
     }

@@ -1,0 +1,40 @@
+//! The compare-and-swap loop of the single-word algorithms, written once: each algorithm
+//! gives a pure step from the word it read to its answer and the word to write.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::RETIRED;
+
+/// What a step makes of the word it read.
+pub(crate) enum Step<T> {
+    /// Answer, writing nothing (a denial, a peek, nothing to give back).
+    Answer(T),
+    /// Write this word, then answer, if no other thread wrote first.
+    Write(u64, T),
+}
+
+/// Runs `step` on `word` until it answers without writing or its write lands; a step that
+/// lost a race runs again on the word that won. `None` if the word is retired.
+#[inline(always)]
+pub(crate) fn update<T>(word: &AtomicU64, mut step: impl FnMut(u64) -> Step<T>) -> Option<T> {
+    let mut current = word.load(Ordering::Acquire);
+    loop {
+        if current == RETIRED {
+            return None;
+        }
+        match step(current) {
+            Step::Answer(answer) => return Some(answer),
+            Step::Write(next, answer) => {
+                match word.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => return Some(answer),
+                    Err(seen) => current = seen,
+                }
+            }
+        }
+    }
+}
+
+/// Marks `word` retired and returns its last value.
+pub(crate) fn retire(word: &AtomicU64) -> u64 {
+    word.swap(RETIRED, Ordering::AcqRel)
+}
