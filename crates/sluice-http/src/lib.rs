@@ -37,7 +37,7 @@
 //! serve `into_make_service_with_connect_info::<SocketAddr>()` and read its `ConnectInfo`
 //! through [`RateLimitBuilder::peer_addr_with`].
 //!
-//! The store behind the layer is a [`KeyLimiter`]: the in-memory `KeyedLimiter` answers at
+//! The store behind the layer is a [`LimitBackend`]: the in-memory `KeyedLimiter` answers at
 //! once; a remote store (the `sluice` binary puts `sluice-redis` there) answers through a
 //! [`CheckFuture`], and the request waits for it before reaching the inner service.
 //!
@@ -47,17 +47,17 @@
 
 #![warn(missing_docs)]
 
+mod backend;
 mod cost;
 mod headers;
 mod key;
 mod layer;
-mod limiter;
 mod proxy;
 
+pub use backend::{CheckFuture, LimitBackend};
 pub use cost::{CostRule, RouteCosts};
 pub use key::{KeyPart, KeyPartError, MAX_KEY_LEN};
 pub use layer::{
     BuildError, EXCEEDED_BODY, PeerAddrReader, RateLimit, RateLimitBuilder, RateLimitLayer, ResponseFuture,
 };
-pub use limiter::{CheckFuture, KeyLimiter};
 pub use proxy::{IpNet, IpNetError, PeerAddr, TrustedProxies};

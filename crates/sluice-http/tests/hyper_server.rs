@@ -166,7 +166,7 @@ fn costs_above_capacity_are_denied_without_retry_after_and_fields_can_be_off_on_
 /// away.
 struct Later(KeyedLimiter<String, TokenBucket, StaticQuotas<String>, sluice::ManualClock>);
 
-impl sluice_http::KeyLimiter for Later {
+impl sluice_http::LimitBackend for Later {
     fn check(&self, key: &str, cost: u64) -> sluice_http::CheckFuture {
         let (limiter, key) = (self.0.clone(), key.to_owned());
         sluice_http::CheckFuture::pending(async move {
