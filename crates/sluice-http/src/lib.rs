@@ -5,9 +5,10 @@
 //! hyper 1.x services, tonic... For each request it works out
 //!
 //! - **who is asking** ([`KeyPart`]): a header (`X-Account-ID`, `Client-Id`...), a bearer API
-//!   key, the client IP (the peer, or behind [`TrustedProxies`] the right-most untrusted
-//!   address they report), or several joined; `ANONYMOUS` (configurable) when a part is
-//!   absent; bypassed keys skip the limiter; over-long keys are answered 400 and never stored;
+//!   key, the client IP, or several of them joined. The client IP is the peer's, or behind
+//!   [`TrustedProxies`] the right-most untrusted address they report. An absent part reads as
+//!   `ANONYMOUS` (configurable); bypassed keys skip the limiter; over-long keys are answered
+//!   400 and never stored;
 //! - **what it costs** ([`RouteCosts`]): units by path prefix and method;
 //! - **the answer**: `429 Exceeded quota` with `Retry-After` in whole seconds rounded up
 //!   (never 0), the IETF draft's `RateLimit-Policy: "default";q=10;w=1` and
