@@ -15,7 +15,7 @@ use sluice::{
     Algorithm, FetchResult, FixedWindow, FnSource, KeyedLimiter, LeakyBucket, Quota, QuotaError,
     SlidingWindowCounter, SlidingWindowLog, TokenBucket,
 };
-use sluice_http::{BuildError, KeyLimiter, RateLimit, RateLimitLayer, RouteCosts, TrustedProxies};
+use sluice_http::{BuildError, LimitBackend, RateLimit, RateLimitLayer, RouteCosts, TrustedProxies};
 use tokio::runtime::Handle;
 use tower_layer::Layer;
 use tower_service::Service;
@@ -23,7 +23,7 @@ use tower_service::Service;
 use sluice_redis::{FailurePolicy, RedisAlgorithm, RedisLimiter, RedisOptions, RedisStore};
 
 use crate::config::{AlgorithmKind, LimiterSettings, RedisPolicy, RedisSettings, Settings};
-use crate::shared::Shared;
+use crate::redis_backend::RedisBackend;
 
 /// The service behind the limiter: `200 Hello World!`.
 #[derive(Debug, Clone, Copy)]
@@ -76,7 +76,7 @@ pub struct App {
     /// Whether requests need their peer address.
     pub needs_peer: bool,
     limiter_settings: LimiterSettings,
-    limiter: Arc<dyn KeyLimiter>,
+    limiter: Arc<dyn LimitBackend>,
     accounts: Accounts,
 }
 
@@ -125,7 +125,7 @@ impl App {
 
     fn with_limiter(
         settings: &Settings,
-        limiter: Arc<dyn KeyLimiter>,
+        limiter: Arc<dyn LimitBackend>,
         accounts: Accounts,
     ) -> Result<Self, AppError> {
         let layer = RateLimitLayer::builder_shared(Arc::clone(&limiter))
@@ -147,7 +147,10 @@ impl App {
     }
 }
 
-fn build_limiter(settings: &LimiterSettings, accounts: Accounts) -> Result<Arc<dyn KeyLimiter>, QuotaError> {
+fn build_limiter(
+    settings: &LimiterSettings,
+    accounts: Accounts,
+) -> Result<Arc<dyn LimitBackend>, QuotaError> {
     match settings.algorithm {
         AlgorithmKind::TokenBucket => keyed(TokenBucket, settings, accounts),
         AlgorithmKind::LeakyBucket => keyed(LeakyBucket::meter(), settings, accounts),
@@ -180,7 +183,7 @@ async fn build_shared(
     settings: &LimiterSettings,
     redis: &RedisSettings,
     accounts: Accounts,
-) -> Result<Arc<dyn KeyLimiter>, SharedError> {
+) -> Result<Arc<dyn LimitBackend>, SharedError> {
     match settings.algorithm {
         AlgorithmKind::TokenBucket => shared(TokenBucket, settings, redis, accounts).await,
         AlgorithmKind::FixedWindow => shared(FixedWindow, settings, redis, accounts).await,
@@ -197,7 +200,7 @@ async fn shared<A: RedisAlgorithm>(
     settings: &LimiterSettings,
     redis: &RedisSettings,
     accounts: Accounts,
-) -> Result<Arc<dyn KeyLimiter>, SharedError> {
+) -> Result<Arc<dyn LimitBackend>, SharedError> {
     if redis.url.is_none() && redis.cluster.is_empty() {
         return Err(SharedError::NoUrl);
     }
@@ -232,14 +235,14 @@ async fn shared<A: RedisAlgorithm>(
         .clone()
         .unwrap_or_else(|| format!("cluster {}", redis.cluster.join(",")));
     tracing::info!(redis = at, policy = ?redis.policy, hosts = redis.hosts, "limits shared through Redis");
-    Ok(Arc::new(Shared(limiter)))
+    Ok(Arc::new(RedisBackend(limiter)))
 }
 
 fn keyed<A: Algorithm>(
     algorithm: A,
     settings: &LimiterSettings,
     accounts: Accounts,
-) -> Result<Arc<dyn KeyLimiter>, QuotaError> {
+) -> Result<Arc<dyn LimitBackend>, QuotaError> {
     let source = source(settings, accounts);
     let runtime = Handle::current();
     let limiter = KeyedLimiter::builder(algorithm, settings.failsafe)

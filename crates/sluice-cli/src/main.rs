@@ -4,8 +4,8 @@
 mod app;
 mod config;
 mod connection;
+mod redis_backend;
 mod server;
-mod shared;
 
 use std::io::IsTerminal as _;
 use std::net::SocketAddr;

@@ -41,13 +41,10 @@ pub(crate) struct RateFields {
 
 impl RateFields {
     pub(crate) fn new(decision: &Decision, quota: Option<Quota>) -> Self {
-        let window = quota
-            .filter(|q| !q.is_deny_all())
-            .map(|q| ceil_secs(q.fill_time_nanos()).max(1));
         let retry_after = (!decision.is_allowed()).then(|| ceil_secs(decision.retry_after_nanos()).max(1));
         Self {
             quota: decision.limit(),
-            window,
+            window: window(quota),
             remaining: decision.remaining(),
             reset: ceil_secs(decision.reset_after_nanos()),
             retry_after,
@@ -58,9 +55,7 @@ impl RateFields {
     pub(crate) fn never(quota: Option<Quota>, capacity: u64) -> Self {
         Self {
             quota: capacity,
-            window: quota
-                .filter(|q| !q.is_deny_all())
-                .map(|q| ceil_secs(q.fill_time_nanos()).max(1)),
+            window: window(quota),
             remaining: 0,
             reset: 0,
             retry_after: None,
@@ -84,6 +79,14 @@ impl RateFields {
             fields: *self,
         }
     }
+}
+
+/// The policy's `w`: the seconds `quota` takes to refill from empty, at least 1. None when
+/// the quota is unknown or admits nothing.
+fn window(quota: Option<Quota>) -> Option<u64> {
+    quota
+        .filter(|q| !q.is_deny_all())
+        .map(|q| ceil_secs(q.fill_time_nanos()).max(1))
 }
 
 /// The values a key's quota fixes under one policy: `RateLimit-Policy` and `X-RateLimit-Limit`.

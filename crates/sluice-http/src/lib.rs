@@ -5,9 +5,10 @@
 //! hyper 1.x services, tonic... For each request it works out
 //!
 //! - **who is asking** ([`KeyPart`]): a header (`X-Account-ID`, `Client-Id`...), a bearer API
-//!   key, the client IP (the peer, or behind [`TrustedProxies`] the right-most untrusted
-//!   address they report), or several joined; `ANONYMOUS` (configurable) when a part is
-//!   absent; bypassed keys skip the limiter; over-long keys are answered 400 and never stored;
+//!   key, the client IP, or several of them joined. The client IP is the peer's, or behind
+//!   [`TrustedProxies`] the right-most untrusted address they report. An absent part reads as
+//!   `ANONYMOUS` (configurable); bypassed keys skip the limiter; over-long keys are answered
+//!   400 and never stored;
 //! - **what it costs** ([`RouteCosts`]): units by path prefix and method;
 //! - **the answer**: `429 Exceeded quota` with `Retry-After` in whole seconds rounded up
 //!   (never 0), the IETF draft's `RateLimit-Policy: "default";q=10;w=1` and
@@ -37,7 +38,7 @@
 //! serve `into_make_service_with_connect_info::<SocketAddr>()` and read its `ConnectInfo`
 //! through [`RateLimitBuilder::peer_addr_with`].
 //!
-//! The store behind the layer is a [`KeyLimiter`]: the in-memory `KeyedLimiter` answers at
+//! The store behind the layer is a [`LimitBackend`]: the in-memory `KeyedLimiter` answers at
 //! once; a remote store (the `sluice` binary puts `sluice-redis` there) answers through a
 //! [`CheckFuture`], and the request waits for it before reaching the inner service.
 //!
@@ -47,17 +48,17 @@
 
 #![warn(missing_docs)]
 
+mod backend;
 mod cost;
 mod headers;
 mod key;
 mod layer;
-mod limiter;
 mod proxy;
 
+pub use backend::{CheckFuture, LimitBackend};
 pub use cost::{CostRule, RouteCosts};
 pub use key::{KeyPart, KeyPartError, MAX_KEY_LEN};
 pub use layer::{
     BuildError, EXCEEDED_BODY, PeerAddrReader, RateLimit, RateLimitBuilder, RateLimitLayer, ResponseFuture,
 };
-pub use limiter::{CheckFuture, KeyLimiter};
 pub use proxy::{IpNet, IpNetError, PeerAddr, TrustedProxies};

@@ -1,34 +1,16 @@
 //! The layer on an axum router, served over a real socket.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::time::Duration;
+mod common;
+
+use std::io::Read;
+use std::net::SocketAddr;
 
 use axum::Router;
 use axum::routing::get;
 use sluice::{KeyedLimiter, StaticQuotas, TokenBucket};
 use sluice_http::{CostRule, KeyPart, RateLimitLayer, RouteCosts};
 
-/// Runs `serve` on a listener bound to a free port, on a runtime in a thread of its own.
-fn serve_on<F, Fut>(serve: F) -> SocketAddr
-where
-    F: FnOnce(tokio::net::TcpListener) -> Fut + Send + 'static,
-    Fut: Future<Output = ()>,
-{
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            tx.send(listener.local_addr().unwrap()).unwrap();
-            serve(listener).await;
-        });
-    });
-    rx.recv_timeout(Duration::from_secs(60)).unwrap()
-}
+use common::{connect, send, serve_on};
 
 fn serve(router: Router) -> SocketAddr {
     serve_on(|listener| async move { axum::serve(listener, router).await.unwrap() })
@@ -36,24 +18,13 @@ fn serve(router: Router) -> SocketAddr {
 
 /// One request on a fresh connection: the status line and the lower-cased head.
 fn get_as(addr: SocketAddr, path: &str, account: &str) -> (u16, String, String) {
-    let stream = TcpStream::connect(addr).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let mut stream = BufReader::new(stream);
+    let mut stream = connect(addr);
     let request =
         format!("GET {path} HTTP/1.1\r\nHost: t\r\nX-Account-ID: {account}\r\nConnection: close\r\n\r\n");
-    stream.get_mut().write_all(request.as_bytes()).unwrap();
-    let mut head = String::new();
-    loop {
-        let mut line = String::new();
-        stream.read_line(&mut line).unwrap();
-        if line == "\r\n" || line.is_empty() {
-            break;
-        }
-        head.push_str(&line.to_ascii_lowercase());
-    }
+    let (status, head) = send(&mut stream, &request);
     let mut body = String::new();
     stream.read_to_string(&mut body).unwrap();
-    (head[9..12].parse().unwrap(), head, body)
+    (status, head, body)
 }
 
 #[test]

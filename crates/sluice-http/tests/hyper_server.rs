@@ -1,11 +1,12 @@
 //! The layer in a plain hyper 1.x server, over real sockets.
 
+mod common;
+
 use std::convert::Infallible;
 use std::future::{Ready, ready};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read};
 use std::net::{SocketAddr, TcpStream};
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -17,6 +18,8 @@ use sluice::{KeyedLimiter, StaticQuotas, TokenBucket};
 use sluice_http::{CostRule, KeyPart, PeerAddr, RateLimit, RateLimitLayer, RouteCosts};
 use tower_layer::Layer;
 use tower_service::Service;
+
+use common::{connect, send, serve_on};
 
 #[derive(Clone)]
 struct Hello;
@@ -37,27 +40,17 @@ impl Service<Request<Incoming>> for Hello {
 
 /// Serves `service` on a free port in a background runtime, giving each request its peer.
 fn spawn_server(service: RateLimit<Hello>) -> SocketAddr {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            tx.send(listener.local_addr().unwrap()).unwrap();
-            loop {
-                let (stream, peer) = listener.accept().await.unwrap();
-                let service = service.clone();
-                let hyper_service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
-                    request.extensions_mut().insert(PeerAddr(peer));
-                    service.clone().call(request)
-                });
-                tokio::spawn(http1::Builder::new().serve_connection(TokioIo::new(stream), hyper_service));
-            }
-        });
-    });
-    rx.recv_timeout(Duration::from_secs(60)).unwrap()
+    serve_on(|listener| async move {
+        loop {
+            let (stream, peer) = listener.accept().await.unwrap();
+            let service = service.clone();
+            let hyper_service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
+                request.extensions_mut().insert(PeerAddr(peer));
+                service.clone().call(request)
+            });
+            tokio::spawn(http1::Builder::new().serve_connection(TokioIo::new(stream), hyper_service));
+        }
+    })
 }
 
 struct Reply {
@@ -66,31 +59,17 @@ struct Reply {
 }
 
 fn get(stream: &mut BufReader<TcpStream>, path: &str, headers: &str) -> Reply {
-    let request = format!("GET {path} HTTP/1.1\r\nHost: t\r\n{headers}\r\n");
-    stream.get_mut().write_all(request.as_bytes()).unwrap();
-    let mut head = String::new();
-    loop {
-        let mut line = String::new();
-        stream.read_line(&mut line).unwrap();
-        if line == "\r\n" {
-            break;
-        }
-        head.push_str(&line.to_ascii_lowercase());
-    }
+    let (status, head) = send(
+        stream,
+        &format!("GET {path} HTTP/1.1\r\nHost: t\r\n{headers}\r\n"),
+    );
     let length: usize = head
         .lines()
         .find_map(|l| l.strip_prefix("content-length: "))
         .map_or(0, |v| v.trim().parse().unwrap());
     let mut body = vec![0; length];
     stream.read_exact(&mut body).unwrap();
-    let status = head[9..12].parse().unwrap();
     Reply { status, head }
-}
-
-fn connect(addr: SocketAddr) -> BufReader<TcpStream> {
-    let stream = TcpStream::connect(addr).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    BufReader::new(stream)
 }
 
 #[test]
@@ -166,7 +145,7 @@ fn costs_above_capacity_are_denied_without_retry_after_and_fields_can_be_off_on_
 /// away.
 struct Later(KeyedLimiter<String, TokenBucket, StaticQuotas<String>, sluice::ManualClock>);
 
-impl sluice_http::KeyLimiter for Later {
+impl sluice_http::LimitBackend for Later {
     fn check(&self, key: &str, cost: u64) -> sluice_http::CheckFuture {
         let (limiter, key) = (self.0.clone(), key.to_owned());
         sluice_http::CheckFuture::pending(async move {

@@ -1,17 +1,17 @@
 //! Limits shared through Redis: a [`RedisLimiter`] behind the rate-limit layer.
 
 use sluice::{Decision, Quota, QuotaSource};
-use sluice_http::{CheckFuture, KeyLimiter};
+use sluice_http::{CheckFuture, LimitBackend};
 use sluice_redis::{Error, RedisAlgorithm, RedisLimiter};
 
 /// How long a request denied for a check Redis could not decide is told to wait.
 const UNDECIDED_RETRY_NS: u64 = 1_000_000_000;
 
-/// A [`RedisLimiter`] as the layer's [`KeyLimiter`]: every check is a round trip to Redis
+/// A [`RedisLimiter`] as the layer's [`LimitBackend`]: every check is a round trip to Redis
 /// (or the failure policy's answer when Redis does not answer in time).
-pub struct Shared<A: RedisAlgorithm, S>(pub RedisLimiter<A, S>);
+pub struct RedisBackend<A: RedisAlgorithm, S>(pub RedisLimiter<A, S>);
 
-impl<A, S> KeyLimiter for Shared<A, S>
+impl<A, S> LimitBackend for RedisBackend<A, S>
 where
     A: RedisAlgorithm,
     S: QuotaSource<String>,

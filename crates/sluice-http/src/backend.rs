@@ -1,4 +1,4 @@
-//! The seam between the middleware and a keyed limit store.
+//! [`LimitBackend`]: the seam between the layer and the store of limits by key behind it.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -13,18 +13,18 @@ use sluice::{Algorithm, CheckError, Clock, Decision, KeyedLimiter, Quota, QuotaS
 /// # Example
 /// ```
 /// use sluice::{KeyedLimiter, StaticQuotas, TokenBucket};
-/// use sluice_http::KeyLimiter;
+/// use sluice_http::LimitBackend;
 /// let quotas = StaticQuotas::from_iter([("alice".to_string(), "1/s".parse()?)]);
 /// let limiter = KeyedLimiter::builder(TokenBucket, "10/s".parse()?).source(quotas).build()?;
-/// let decision = KeyLimiter::check(&limiter, "alice", 1).into_ready().ok().unwrap()?;
+/// let decision = LimitBackend::check(&limiter, "alice", 1).into_ready().ok().unwrap()?;
 /// assert!(decision.is_allowed());
-/// assert_eq!(KeyLimiter::quota(&limiter, "alice"), Some("1/s".parse()?));
-/// let (answer, quota) = KeyLimiter::check_quoted(&limiter, "alice", 1);
+/// assert_eq!(LimitBackend::quota(&limiter, "alice"), Some("1/s".parse()?));
+/// let (answer, quota) = LimitBackend::check_quoted(&limiter, "alice", 1);
 /// assert!(!answer.into_ready().ok().unwrap()?.is_allowed());
 /// assert_eq!(quota, Some("1/s".parse()?));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub trait KeyLimiter: Send + Sync + 'static {
+pub trait LimitBackend: Send + Sync + 'static {
     /// Checks `cost` units for `key`, consuming them if allowed: at once
     /// ([`CheckFuture::ready`]) or later ([`CheckFuture::pending`]).
     ///
@@ -45,7 +45,7 @@ pub trait KeyLimiter: Send + Sync + 'static {
 
 type Answer = Result<Decision, CheckError>;
 
-/// The answer of [`KeyLimiter::check`]: known at once (an in-memory store; no allocation), or
+/// The answer of [`LimitBackend::check`]: known at once (an in-memory store; no allocation), or
 /// a boxed future (a remote store). The layer holds the request back until it completes.
 ///
 /// # Example
@@ -112,7 +112,7 @@ impl Future for CheckFuture {
     }
 }
 
-impl<A, S, C> KeyLimiter for KeyedLimiter<String, A, S, C>
+impl<A, S, C> LimitBackend for KeyedLimiter<String, A, S, C>
 where
     A: Algorithm,
     S: QuotaSource<String>,

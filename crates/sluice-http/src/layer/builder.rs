@@ -1,0 +1,199 @@
+//! [`RateLimitBuilder`]: the layer's settings, checked when it is built.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::RateLimitLayer;
+use super::gatekeeper::Gatekeeper;
+use crate::headers::valid_policy_name;
+use crate::key::{KeyPart, KeySource, MAX_KEY_LEN};
+use crate::{LimitBackend, PeerAddr, RouteCosts, TrustedProxies};
+
+/// Why a [`RateLimitBuilder`] could not build a layer.
+///
+/// # Example
+/// ```
+/// use sluice::{KeyedLimiter, TokenBucket};
+/// use sluice_http::{BuildError, RateLimitLayer};
+/// let limiter = KeyedLimiter::<String, _>::builder(TokenBucket, "1/s".parse()?).build()?;
+/// let refused = RateLimitLayer::builder(limiter).key([]).build();
+/// assert_eq!(refused.unwrap_err(), BuildError::NoKeyParts);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BuildError {
+    /// No key part was given.
+    #[error("the key needs at least one part (header:NAME, bearer or ip)")]
+    NoKeyParts,
+    /// The maximum key length is 0 or above [`MAX_KEY_LEN`].
+    #[error("the maximum key length must be between 1 and {MAX_KEY_LEN}, not {0}")]
+    MaxKeyLength(usize),
+    /// The default key is empty or longer than the maximum key length.
+    #[error("the default key {0:?} must be non-empty and no longer than the maximum key length")]
+    DefaultKey(String),
+    /// The policy name cannot be written in a structured field.
+    #[error("the policy name {0:?} must be printable ASCII without '\"' or '\\'")]
+    PolicyName(String),
+}
+
+/// Reads the connection's peer address from a request's extensions.
+///
+/// # Example
+/// ```
+/// use std::net::SocketAddr;
+/// let from_a_plain_address: sluice_http::PeerAddrReader = |ext| ext.get::<SocketAddr>().copied();
+/// let mut ext = http::Extensions::new();
+/// ext.insert("192.0.2.1:4000".parse::<SocketAddr>()?);
+/// assert!(from_a_plain_address(&ext).is_some());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub type PeerAddrReader = fn(&http::Extensions) -> Option<SocketAddr>;
+
+fn read_peer_addr(extensions: &http::Extensions) -> Option<SocketAddr> {
+    extensions.get::<PeerAddr>().map(|peer| peer.0)
+}
+
+static NEXT_POLICY_ID: AtomicU64 = AtomicU64::new(0);
+
+/// Builds a [`RateLimitLayer`].
+///
+/// # Example
+/// ```
+/// use sluice::{KeyedLimiter, TokenBucket};
+/// use sluice_http::{IpNet, KeyPart, RateLimitLayer, TrustedProxies};
+/// let limiter = KeyedLimiter::<String, _>::builder(TokenBucket, "100/s".parse()?).build()?;
+/// let layer = RateLimitLayer::builder(limiter)
+///     .key([KeyPart::Bearer, KeyPart::ClientIp])
+///     .default_key("nobody")
+///     .max_key_len(128)
+///     .trusted_proxies(TrustedProxies::new(["10.0.0.0/8".parse::<IpNet>()?]))
+///     .headers_on_allow(false)
+///     .build()?;
+/// assert!(layer.needs_peer_addr());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct RateLimitBuilder {
+    backend: Arc<dyn LimitBackend>,
+    parts: Vec<KeyPart>,
+    default_key: String,
+    max_key_len: usize,
+    proxies: TrustedProxies,
+    bypass: Vec<String>,
+    costs: RouteCosts,
+    headers_on_allow: bool,
+    policy_name: String,
+    peer_addr: PeerAddrReader,
+}
+
+impl RateLimitBuilder {
+    /// The defaults over `backend`.
+    pub(super) fn new(backend: Arc<dyn LimitBackend>) -> Self {
+        Self {
+            backend,
+            parts: vec![KeyPart::ClientIp],
+            default_key: "ANONYMOUS".to_string(),
+            max_key_len: 256,
+            proxies: TrustedProxies::default(),
+            bypass: Vec::new(),
+            costs: RouteCosts::default(),
+            headers_on_allow: true,
+            policy_name: "default".to_string(),
+            peer_addr: read_peer_addr,
+        }
+    }
+
+    /// What the key is made of (default: the client IP). Several parts are joined by `|`.
+    pub fn key(mut self, parts: impl IntoIterator<Item = KeyPart>) -> Self {
+        self.parts = parts.into_iter().collect();
+        self
+    }
+
+    /// The key of a request that does not say who it is (default `ANONYMOUS`).
+    pub fn default_key(mut self, key: impl Into<String>) -> Self {
+        self.default_key = key.into();
+        self
+    }
+
+    /// The longest key accepted, in bytes (default 256); longer ones are answered 400 and
+    /// never stored.
+    pub fn max_key_len(mut self, len: usize) -> Self {
+        self.max_key_len = len;
+        self
+    }
+
+    /// Proxies whose forwarding headers are believed (default: none).
+    pub fn trusted_proxies(mut self, proxies: TrustedProxies) -> Self {
+        self.proxies = proxies;
+        self
+    }
+
+    /// Keys that are never limited.
+    pub fn bypass<I: IntoIterator<Item = T>, T: Into<String>>(mut self, keys: I) -> Self {
+        self.bypass = keys.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// What each request costs (default: 1 each).
+    pub fn costs(mut self, costs: RouteCosts) -> Self {
+        self.costs = costs;
+        self
+    }
+
+    /// Whether admitted responses carry the rate-limit fields too (default true). Denials
+    /// always do.
+    pub fn headers_on_allow(mut self, on: bool) -> Self {
+        self.headers_on_allow = on;
+        self
+    }
+
+    /// Where the peer address is found in a request's extensions (default: a [`PeerAddr`]).
+    /// With axum's `into_make_service_with_connect_info::<SocketAddr>()`:
+    /// `.peer_addr_with(|ext| ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0))`.
+    pub fn peer_addr_with(mut self, read: PeerAddrReader) -> Self {
+        self.peer_addr = read;
+        self
+    }
+
+    /// The policy's name in the `RateLimit-Policy` and `RateLimit` fields (default `default`).
+    pub fn policy_name(mut self, name: impl Into<String>) -> Self {
+        self.policy_name = name.into();
+        self
+    }
+
+    /// The layer.
+    ///
+    /// # Errors
+    /// [`BuildError`] for no key part, a bad maximum length, default key or policy name.
+    pub fn build(self) -> Result<RateLimitLayer, BuildError> {
+        if self.parts.is_empty() {
+            return Err(BuildError::NoKeyParts);
+        }
+        if self.max_key_len == 0 || self.max_key_len > MAX_KEY_LEN {
+            return Err(BuildError::MaxKeyLength(self.max_key_len));
+        }
+        if self.default_key.is_empty() || self.default_key.len() > self.max_key_len {
+            return Err(BuildError::DefaultKey(self.default_key));
+        }
+        if !valid_policy_name(&self.policy_name) {
+            return Err(BuildError::PolicyName(self.policy_name));
+        }
+        Ok(RateLimitLayer {
+            gatekeeper: Arc::new(Gatekeeper {
+                policy_id: NEXT_POLICY_ID.fetch_add(1, Ordering::Relaxed),
+                backend: self.backend,
+                keys: KeySource {
+                    parts: self.parts,
+                    default_key: self.default_key,
+                    max_len: self.max_key_len,
+                },
+                proxies: self.proxies,
+                bypass: self.bypass.into_iter().map(String::into_boxed_str).collect(),
+                costs: self.costs,
+                headers_on_allow: self.headers_on_allow,
+                policy_name: self.policy_name.into(),
+                peer_addr: self.peer_addr,
+            }),
+        })
+    }
+}

@@ -1,0 +1,146 @@
+//! What the layer decides with, and its own answers: 429, 400 and 500.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use http::header::{CONTENT_TYPE, HeaderValue};
+use http::{HeaderMap, Request, Response, StatusCode};
+use sluice::{CheckError, Decision, Quota};
+
+use super::PeerAddrReader;
+use crate::headers::{RateFields, Rendered, denial_headers};
+use crate::key::{KeyBuf, KeyRejection, KeySource};
+use crate::{CheckFuture, LimitBackend, RouteCosts, TrustedProxies};
+
+/// The body of a 429 response.
+///
+/// # Example
+/// ```
+/// assert_eq!(sluice_http::EXCEEDED_BODY, "Exceeded quota");
+/// ```
+pub const EXCEEDED_BODY: &str = "Exceeded quota";
+
+/// A built layer's settings and backend, shared by every clone of its service: it decides
+/// whether a request goes on to the inner service.
+pub(super) struct Gatekeeper {
+    /// Unique per built layer, so a cached header block is never another layer's.
+    pub(super) policy_id: u64,
+    pub(super) backend: Arc<dyn LimitBackend>,
+    pub(super) keys: KeySource,
+    pub(super) proxies: TrustedProxies,
+    pub(super) bypass: HashSet<Box<str>, foldhash::fast::FixedState>,
+    pub(super) costs: RouteCosts,
+    pub(super) headers_on_allow: bool,
+    pub(super) policy_name: Box<str>,
+    pub(super) peer_addr: PeerAddrReader,
+}
+
+/// What becomes of a request.
+pub(super) enum Verdict {
+    Decided(Admission),
+    BadKey(KeyRejection),
+    /// The backend answers later; the key is kept to read its quota then.
+    Wait(CheckFuture, Box<str>),
+}
+
+/// What becomes of a request once the backend has answered.
+pub(super) enum Admission {
+    /// On to the inner service, with the fields to add to its response unless turned off.
+    Pass(Option<RateFields>),
+    Deny(RateFields),
+}
+
+impl Gatekeeper {
+    pub(super) fn decide<B>(&self, request: &Request<B>) -> Verdict {
+        let headers = request.headers();
+        match self.keys.borrowed_key(headers) {
+            Some(Ok(key)) => self.decide_for(request, key),
+            Some(Err(rejection)) => Verdict::BadKey(rejection),
+            None => {
+                let ip = (self.peer_addr)(request.extensions())
+                    .map(|peer| self.proxies.client_ip(peer.ip(), headers));
+                let mut buf = KeyBuf::new(self.keys.max_len);
+                match self.keys.key(headers, ip, &mut buf) {
+                    Ok(key) => self.decide_for(request, key),
+                    Err(rejection) => Verdict::BadKey(rejection),
+                }
+            }
+        }
+    }
+
+    fn decide_for<B>(&self, request: &Request<B>, key: &str) -> Verdict {
+        if !self.bypass.is_empty() && self.bypass.contains(key) {
+            return Verdict::Decided(Admission::Pass(None));
+        }
+        let cost = self.costs.cost(request.method(), request.uri().path());
+        let (check, quota) = self.backend.check_quoted(key, cost);
+        match check.into_ready() {
+            Ok(answer) => {
+                Verdict::Decided(self.admission(answer, || quota.or_else(|| self.backend.quota(key))))
+            }
+            Err(pending) => Verdict::Wait(pending, key.into()),
+        }
+    }
+
+    /// The admission of a backend's answer; `quota` is only asked for when fields are written.
+    pub(super) fn admission(
+        &self,
+        answer: Result<Decision, CheckError>,
+        quota: impl FnOnce() -> Option<Quota>,
+    ) -> Admission {
+        match answer {
+            Ok(decision) if decision.is_allowed() => {
+                Admission::Pass(self.headers_on_allow.then(|| RateFields::new(&decision, quota())))
+            }
+            Ok(decision) => Admission::Deny(RateFields::new(&decision, quota())),
+            Err(CheckError::CostExceedsCapacity { capacity, .. }) => {
+                Admission::Deny(RateFields::never(quota(), capacity))
+            }
+        }
+    }
+
+    /// The fields as they are written into a response.
+    pub(super) fn render(&self, fields: RateFields) -> Rendered {
+        fields.render(self.policy_id, &self.policy_name)
+    }
+
+    pub(super) fn denied<B: From<&'static str>>(&self, fields: RateFields) -> Response<B> {
+        let headers = denial_headers(self.policy_id, fields, || {
+            let mut headers = plain_headers();
+            self.render(fields).write(&mut headers);
+            headers
+        });
+        plain(StatusCode::TOO_MANY_REQUESTS, EXCEEDED_BODY, headers)
+    }
+
+    pub(super) fn bad_key<B: From<&'static str>>(rejection: KeyRejection) -> Response<B> {
+        let body = match rejection {
+            KeyRejection::TooLong => "Key too long",
+            KeyRejection::NotText => "Key is not text",
+        };
+        plain(StatusCode::BAD_REQUEST, body, plain_headers())
+    }
+}
+
+/// One of the layer's own answers.
+fn plain<B: From<&'static str>>(status: StatusCode, body: &'static str, headers: HeaderMap) -> Response<B> {
+    let mut response = Response::new(B::from(body));
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    response
+}
+
+/// The headers of the layer's own answers.
+fn plain_headers() -> HeaderMap {
+    // Room for the rate-limit fields too, so the map is allocated once (see Rendered::write).
+    let mut headers = HeaderMap::with_capacity(10);
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    headers
+}
+
+/// The answer of a response future polled again after it completed.
+pub(super) fn server_error<B: From<&'static str>>() -> Response<B> {
+    let mut r = Response::new(B::from(""));
+    *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+    r
+}
