@@ -278,6 +278,7 @@ impl fmt::Display for Quota {
     }
 }
 
+/// The units of quota periods and durations, in nanoseconds.
 fn unit_nanos(unit: &str) -> Option<u64> {
     Some(match unit {
         "ns" | "nanosecond" | "nanoseconds" => 1,
@@ -289,6 +290,113 @@ fn unit_nanos(unit: &str) -> Option<u64> {
         "d" | "day" | "days" => 86_400 * NANOS_PER_SEC,
         _ => return None,
     })
+}
+
+/// Why a decimal number could not be read exactly.
+enum DecimalError {
+    NotDecimal,
+    TooManyDecimals,
+    TooManyDigits,
+}
+
+/// A non-negative decimal (`12`, `1.25`, `.5`, `3.`) read exactly: its digits as an integer,
+/// and the power of ten that divides them (`1.25` is `(125, 100)`).
+fn decimal(number: &str) -> Result<(u64, u64), DecimalError> {
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    if whole.is_empty() && fraction.is_empty()
+        || !whole.chars().all(|c| c.is_ascii_digit())
+        || !fraction.chars().all(|c| c.is_ascii_digit())
+    {
+        return Err(DecimalError::NotDecimal);
+    }
+    let scale = u32::try_from(fraction.len())
+        .ok()
+        .and_then(|d| 10u64.checked_pow(d))
+        .ok_or(DecimalError::TooManyDecimals)?;
+    let digits = format!("{whole}{fraction}");
+    let significant = digits.trim_start_matches('0');
+    let value = if significant.is_empty() {
+        0
+    } else {
+        significant.parse().map_err(|_| DecimalError::TooManyDigits)?
+    };
+    Ok((value, scale))
+}
+
+/// Why a duration could not be read (see [`parse_duration`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DurationError {
+    /// The text is not a number followed by a unit.
+    #[error(
+        "malformed duration {input:?}: {reason} (expected a number and a unit, e.g. \"100ms\", \"1.5s\", \"2min\")"
+    )]
+    Malformed {
+        /// The text given.
+        input: String,
+        /// What was wrong with it.
+        reason: &'static str,
+    },
+    /// The duration is not a whole number of nanoseconds (`1.5ns`).
+    #[error("duration {0:?} is finer than a nanosecond")]
+    TooPrecise(String),
+    /// The duration does not fit in a [`Duration`].
+    #[error("duration {0:?} is too long")]
+    Overflow(String),
+}
+
+/// Reads a duration: a non-negative decimal number and a unit of quota periods (`ns`, `us`,
+/// `ms`, `s`, `min`/`m`, `h`, `day`/`d`, with long forms and plurals), as in `100ms`, `1.5s`,
+/// `2min`, `250 us`; or `0` alone. Exact: decimals are read as integers, never as floats, so
+/// `1.1s` is 1 100 000 000 ns.
+///
+/// # Example
+/// ```
+/// use std::time::Duration;
+/// use sluice::{DurationError, parse_duration};
+/// assert_eq!(parse_duration("1.5s")?, Duration::from_millis(1500));
+/// assert_eq!(parse_duration("2min")?, Duration::from_secs(120));
+/// assert_eq!(parse_duration("0")?, Duration::ZERO);
+/// assert!(matches!(parse_duration("10"), Err(DurationError::Malformed { .. })));
+/// assert_eq!(parse_duration("1.5ns"), Err(DurationError::TooPrecise("1.5ns".into())));
+/// # Ok::<(), DurationError>(())
+/// ```
+///
+/// # Errors
+/// [`DurationError`]: not a number and a unit, finer than a nanosecond, or too long.
+pub fn parse_duration(input: &str) -> Result<Duration, DurationError> {
+    let malformed = |reason| DurationError::Malformed {
+        input: input.to_string(),
+        reason,
+    };
+    let text = input.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let (value, scale) = decimal(number).map_err(|e| match e {
+        DecimalError::NotDecimal => malformed("the number must be a non-negative decimal"),
+        DecimalError::TooManyDecimals => DurationError::TooPrecise(input.to_string()),
+        DecimalError::TooManyDigits => DurationError::Overflow(input.to_string()),
+    })?;
+    let unit_ns = match unit.trim() {
+        "" if value == 0 => 0,
+        "" => return Err(malformed("a unit is needed")),
+        unit => {
+            unit_nanos(unit).ok_or_else(|| malformed("unknown unit (use ns, us, ms, s, min, h or day)"))?
+        }
+    };
+    // At most (2^64 − 1) × 86 400 × 10^9: far inside u128.
+    let scaled = u128::from(value) * u128::from(unit_ns);
+    let scale = u128::from(scale);
+    if scaled % scale != 0 {
+        return Err(DurationError::TooPrecise(input.to_string()));
+    }
+    let nanos = scaled / scale;
+    let secs = u64::try_from(nanos / u128::from(NANOS_PER_SEC))
+        .map_err(|_| DurationError::Overflow(input.to_string()))?;
+    let subsec = u32::try_from(nanos % u128::from(NANOS_PER_SEC))
+        .map_err(|_| DurationError::Overflow(input.to_string()))?;
+    Ok(Duration::new(secs, subsec))
 }
 
 impl FromStr for Quota {
@@ -310,29 +418,11 @@ impl FromStr for Quota {
         let (number, period) = (number.trim(), period.trim());
 
         // COUNT: digits with an optional fraction, scaled to an integer.
-        let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
-        if whole.is_empty() && fraction.is_empty()
-            || !whole.chars().all(|c| c.is_ascii_digit())
-            || !fraction.chars().all(|c| c.is_ascii_digit())
-        {
-            return Err(malformed("the count must be a non-negative decimal number"));
-        }
-        let scale = u32::try_from(fraction.len())
-            .ok()
-            .and_then(|d| 10u64.checked_pow(d))
-            .ok_or_else(|| overflow("count has too many decimals"))?;
-        let digits = format!("{whole}{fraction}");
-        let count: u64 = digits
-            .trim_start_matches('0')
-            .parse()
-            .or_else(|_| {
-                if digits.chars().all(|c| c == '0') {
-                    Ok(0)
-                } else {
-                    Err(())
-                }
-            })
-            .map_err(|_| overflow("count has too many digits"))?;
+        let (count, scale) = decimal(number).map_err(|e| match e {
+            DecimalError::NotDecimal => malformed("the count must be a non-negative decimal number"),
+            DecimalError::TooManyDecimals => overflow("count has too many decimals"),
+            DecimalError::TooManyDigits => overflow("count has too many digits"),
+        })?;
 
         // PERIOD: an optional whole multiple, then a unit.
         let split = period.find(|c: char| !c.is_ascii_digit()).unwrap_or(period.len());
@@ -360,5 +450,93 @@ impl FromStr for Quota {
             None => count.div_ceil(scale).max(1),
         };
         Self::from_parts(capacity, count, period_ns)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(ms: u64) -> Result<Duration, DurationError> {
+        Ok(Duration::from_millis(ms))
+    }
+
+    #[test]
+    fn durations_in_every_unit() {
+        assert_eq!(parse_duration("100ms"), ms(100));
+        assert_eq!(parse_duration("1s"), ms(1000));
+        assert_eq!(parse_duration("2min"), ms(120_000));
+        assert_eq!(parse_duration("2m"), ms(120_000));
+        assert_eq!(parse_duration("1h"), ms(3_600_000));
+        assert_eq!(parse_duration("1 day"), ms(86_400_000));
+        assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
+        assert_eq!(parse_duration("250µs"), Ok(Duration::from_micros(250)));
+        assert_eq!(parse_duration("7ns"), Ok(Duration::from_nanos(7)));
+        assert_eq!(parse_duration(" 3 seconds "), ms(3000));
+        for zero in ["0", "0.0", "00", "0s", "0ms"] {
+            assert_eq!(parse_duration(zero), Ok(Duration::ZERO), "{zero}");
+        }
+    }
+
+    #[test]
+    fn durations_with_decimals_are_exact() {
+        assert_eq!(parse_duration("1.5s"), ms(1500));
+        assert_eq!(parse_duration(".5s"), ms(500));
+        assert_eq!(parse_duration("2.s"), ms(2000));
+        assert_eq!(parse_duration("1.1s"), Ok(Duration::from_nanos(1_100_000_000)));
+        assert_eq!(parse_duration("0.000000001s"), Ok(Duration::from_nanos(1)));
+        assert_eq!(parse_duration("0.1h"), ms(360_000));
+        assert_eq!(
+            parse_duration("1.5ns"),
+            Err(DurationError::TooPrecise("1.5ns".into()))
+        );
+    }
+
+    #[test]
+    fn malformed_durations() {
+        for text in ["", "5", "s", "-1s", "1.2.3s", "1e3s", "10 parsecs", "soon", "."] {
+            assert!(
+                matches!(parse_duration(text), Err(DurationError::Malformed { .. })),
+                "{text:?}"
+            );
+        }
+        let e = parse_duration("5").unwrap_err();
+        assert!(e.to_string().contains("a unit is needed"), "{e}");
+    }
+
+    #[test]
+    fn durations_too_long() {
+        assert_eq!(
+            parse_duration("18446744073709551615s"),
+            Ok(Duration::from_secs(u64::MAX))
+        );
+        assert_eq!(
+            parse_duration("18446744073709551616s"),
+            Err(DurationError::Overflow("18446744073709551616s".into()))
+        );
+        assert!(matches!(
+            parse_duration("18446744073709551615h"),
+            Err(DurationError::Overflow(_))
+        ));
+    }
+
+    #[test]
+    fn quota_counts_still_read_exactly() {
+        let q: Quota = "1.1/s".parse().unwrap();
+        assert_eq!((q.count(), q.period()), (11, Duration::from_secs(10)));
+        let q: Quota = "0/s".parse().unwrap();
+        assert!(q.is_deny_all());
+        assert!(matches!(
+            "x/s".parse::<Quota>(),
+            Err(QuotaError::Malformed { .. })
+        ));
+        assert!(matches!(
+            "1.00000000000000000000/s".parse::<Quota>(),
+            Err(QuotaError::Overflow(_))
+        ));
+        assert!(matches!(
+            "99999999999999999999/s".parse::<Quota>(),
+            Err(QuotaError::Overflow(_))
+        ));
     }
 }
