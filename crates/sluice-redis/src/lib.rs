@@ -37,13 +37,15 @@ mod concurrency;
 mod error;
 mod hybrid;
 mod limiter;
+mod policy;
 mod script;
 mod source;
 mod store;
 
-pub use algorithm::RedisAlgorithm;
+pub use algorithm::{RedisAlgorithm, RedisAlgorithmVisitor, UnsupportedAlgorithm, visit_scripted};
 pub use concurrency::{RedisConcurrencyLimiter, RedisPermit};
 pub use error::Error;
 pub use hybrid::{HybridLimiter, HybridMetrics};
-pub use limiter::{FailurePolicy, RedisLimit, RedisLimiter, RedisLimiterBuilder, RedisMetrics};
-pub use store::{RedisOptions, RedisStore, StoreMetrics};
+pub use limiter::{RedisLimit, RedisLimiter, RedisLimiterBuilder, RedisMetrics};
+pub use policy::{FailurePolicy, UnknownPolicy};
+pub use store::{DEFAULT_TIMEOUT, RedisOptions, RedisStore, StoreMetrics};
