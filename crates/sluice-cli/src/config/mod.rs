@@ -1,22 +1,27 @@
 //! The YAML config: read, checked field by field, turned into [`Settings`].
+//!
+//! `raw` holds the file as written, `check` turns it into settings with the libraries' own
+//! parsers and builders, `redis` reads the `redis:` section and `--redis`.
 
-use std::collections::{BTreeMap, HashMap};
+mod check;
+mod raw;
+mod redis;
+
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use serde::Deserialize;
-use sluice::{
-    Algorithm, FixedWindow, LeakyBucket, Quota, SlidingWindowCounter, SlidingWindowLog, TokenBucket,
-};
-use sluice_http::{CostRule, IpNet, KeyPart, MAX_KEY_LEN};
+use sluice::{AlgorithmKind, Quota};
+use sluice_http::{CostRule, IpNet, KeyPart};
 
-/// The most keys a config may ask the limiter to hold (about 6 GB of entries): a bound, so a
-/// typo cannot make the server try to allocate without limit at start.
-const MAX_CAPACITY: usize = 100_000_000;
+pub use redis::{RedisSettings, with_redis_url};
 
-/// The demo of seed 000, used when no `--config` is given.
-pub const DEFAULT_CONFIG: &str = include_str!("default.yaml");
+use raw::RawConfig;
+
+/// The built-in demo (the accounts alice@example.com to eve@example.com, admin@example.com
+/// never limited), used when no `--config` is given.
+pub const DEFAULT_CONFIG: &str = include_str!("../default.yaml");
 
 /// A config that cannot be used, naming the field at fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -32,269 +37,6 @@ fn error(field: impl Into<String>, message: impl ToString) -> ConfigError {
     ConfigError {
         field: field.into(),
         message: message.to_string(),
-    }
-}
-
-/// The file as written. Every field is optional; see `default.yaml` for each one's meaning.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-struct RawConfig {
-    listen: String,
-    idle_timeout: String,
-    key: RawKey,
-    trusted_proxies: Vec<String>,
-    algorithm: String,
-    burst: Option<u64>,
-    failsafe: String,
-    unknown: String,
-    fetch_latency: String,
-    refresh: String,
-    capacity: usize,
-    headers: bool,
-    bypass: Vec<String>,
-    accounts: BTreeMap<String, String>,
-    costs: Vec<RawCost>,
-    redis: Option<RawRedis>,
-}
-
-impl Default for RawConfig {
-    fn default() -> Self {
-        Self {
-            listen: "127.0.0.1:8080".into(),
-            idle_timeout: "30s".into(),
-            key: RawKey::default(),
-            trusted_proxies: Vec::new(),
-            algorithm: "token_bucket".into(),
-            burst: None,
-            failsafe: "10/s".into(),
-            unknown: "0/s".into(),
-            fetch_latency: "0s".into(),
-            refresh: "10s".into(),
-            capacity: 100_000,
-            headers: true,
-            bypass: Vec::new(),
-            accounts: BTreeMap::new(),
-            costs: Vec::new(),
-            redis: None,
-        }
-    }
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-struct RawRedis {
-    url: Option<String>,
-    cluster: Vec<String>,
-    policy: String,
-    hosts: u64,
-    timeout: String,
-    prefix: String,
-}
-
-impl Default for RawRedis {
-    fn default() -> Self {
-        Self {
-            url: None,
-            cluster: Vec::new(),
-            policy: "local_share".into(),
-            hosts: 1,
-            timeout: "50ms".into(),
-            prefix: "sluice".into(),
-        }
-    }
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-struct RawKey {
-    from: Vec<String>,
-    default: String,
-    max_length: usize,
-}
-
-impl Default for RawKey {
-    fn default() -> Self {
-        Self {
-            from: vec!["header:X-Account-ID".into()],
-            default: "ANONYMOUS".into(),
-            max_length: 256,
-        }
-    }
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawCost {
-    path: String,
-    #[serde(default)]
-    method: Option<String>,
-    cost: u64,
-}
-
-/// Which algorithm the keyed limiter runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AlgorithmKind {
-    /// [`TokenBucket`]
-    TokenBucket,
-    /// [`LeakyBucket::meter`]
-    LeakyBucket,
-    /// [`FixedWindow`]
-    FixedWindow,
-    /// [`SlidingWindowLog`]
-    SlidingWindowLog,
-    /// [`SlidingWindowCounter`]
-    SlidingWindowCounter,
-}
-
-const ALGORITHMS: &str =
-    "token_bucket, leaky_bucket, fixed_window, sliding_window_log, sliding_window_counter";
-
-impl AlgorithmKind {
-    fn parse(name: &str) -> Option<Self> {
-        Some(match name {
-            "token_bucket" => Self::TokenBucket,
-            "leaky_bucket" => Self::LeakyBucket,
-            "fixed_window" => Self::FixedWindow,
-            "sliding_window_log" => Self::SlidingWindowLog,
-            "sliding_window_counter" => Self::SlidingWindowCounter,
-            _ => return None,
-        })
-    }
-
-    /// Whether this algorithm can hold `quota`.
-    fn check(self, quota: &Quota) -> Result<(), sluice::QuotaError> {
-        match self {
-            Self::TokenBucket => TokenBucket.params(quota).map(drop),
-            Self::LeakyBucket => LeakyBucket::meter().params(quota).map(drop),
-            Self::FixedWindow => FixedWindow.params(quota).map(drop),
-            Self::SlidingWindowLog => SlidingWindowLog.params(quota).map(drop),
-            Self::SlidingWindowCounter => SlidingWindowCounter.params(quota).map(drop),
-        }
-    }
-}
-
-/// What a check answers when Redis does not.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RedisPolicy {
-    /// Admit.
-    FailOpen,
-    /// Deny.
-    FailClosed,
-    /// This server's share of the quota (`quota / hosts`), in memory.
-    LocalShare,
-}
-
-const REDIS_POLICIES: &str = "fail_open, fail_closed, local_share";
-
-/// Limits shared through Redis (the `redis:` section, or `--redis URL`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RedisSettings {
-    /// Where Redis is (`None` until `--redis` gives it, or when `cluster` does).
-    pub url: Option<String>,
-    /// The nodes of a Redis Cluster to use instead (any of them leads to the rest; empty: a
-    /// single server at `url`).
-    pub cluster: Vec<String>,
-    /// The answer while Redis does not answer.
-    pub policy: RedisPolicy,
-    /// How many servers share the limits (the local share is `quota / hosts`).
-    pub hosts: u64,
-    /// The longest a check waits for Redis.
-    pub timeout: Duration,
-    /// The prefix of every Redis key.
-    pub prefix: String,
-}
-
-impl Default for RedisSettings {
-    fn default() -> Self {
-        Self {
-            url: None,
-            cluster: Vec::new(),
-            policy: RedisPolicy::LocalShare,
-            hosts: 1,
-            timeout: Duration::from_millis(50),
-            prefix: "sluice".into(),
-        }
-    }
-}
-
-/// Sets (or overrides) the Redis URL, as `--redis URL` does: that one server is used, even
-/// where the config names a cluster.
-pub fn with_redis_url(mut settings: Settings, url: &str) -> Result<Settings, ConfigError> {
-    check_redis_url("--redis", url)?;
-    check_redis_algorithm("--redis", settings.limiter.algorithm)?;
-    let redis = settings.limiter.redis.get_or_insert_with(RedisSettings::default);
-    redis.url = Some(url.to_string());
-    redis.cluster.clear();
-    Ok(settings)
-}
-
-fn check_redis_url(field: &str, url: &str) -> Result<(), ConfigError> {
-    let schemes = ["redis://", "unix://", "redis+unix://"];
-    if schemes.iter().any(|scheme| url.starts_with(scheme)) {
-        Ok(())
-    } else {
-        Err(error(
-            field,
-            format!("invalid Redis URL {url:?}: expected redis://HOST[:PORT][/DB] or unix://PATH"),
-        ))
-    }
-}
-
-fn check_redis_algorithm(field: &str, algorithm: AlgorithmKind) -> Result<(), ConfigError> {
-    if algorithm == AlgorithmKind::LeakyBucket {
-        return Err(error(
-            field,
-            "the leaky_bucket algorithm has no Redis backend: use token_bucket, fixed_window, \
-             sliding_window_log or sliding_window_counter",
-        ));
-    }
-    Ok(())
-}
-
-impl RawRedis {
-    fn check(self, algorithm: AlgorithmKind) -> Result<RedisSettings, ConfigError> {
-        if let Some(url) = &self.url {
-            check_redis_url("redis.url", url)?;
-        }
-        for (i, url) in self.cluster.iter().enumerate() {
-            check_redis_url(&format!("redis.cluster[{i}]"), url)?;
-        }
-        if self.url.is_some() && !self.cluster.is_empty() {
-            return Err(error(
-                "redis.cluster",
-                "give either redis.url (one server) or redis.cluster (a cluster's nodes), not both",
-            ));
-        }
-        check_redis_algorithm("redis", algorithm)?;
-        let policy = match self.policy.as_str() {
-            "fail_open" => RedisPolicy::FailOpen,
-            "fail_closed" => RedisPolicy::FailClosed,
-            "local_share" => RedisPolicy::LocalShare,
-            other => {
-                return Err(error(
-                    "redis.policy",
-                    format!("unknown policy {other:?}: expected one of {REDIS_POLICIES}"),
-                ));
-            }
-        };
-        if self.hosts == 0 {
-            return Err(error("redis.hosts", "must be at least 1"));
-        }
-        let timeout = duration("redis.timeout", &self.timeout)?;
-        if timeout.is_zero() {
-            return Err(error("redis.timeout", "must be longer than 0"));
-        }
-        if self.prefix.is_empty() {
-            return Err(error("redis.prefix", "must not be empty"));
-        }
-        Ok(RedisSettings {
-            url: self.url,
-            cluster: self.cluster,
-            policy,
-            hosts: self.hosts,
-            timeout,
-            prefix: self.prefix,
-        })
     }
 }
 
@@ -399,170 +141,9 @@ fn strip_location(message: &str) -> String {
     }
 }
 
-fn quota(field: &str, text: &str) -> Result<Quota, ConfigError> {
-    text.parse::<Quota>()
-        .map_err(|e| error(field, format!("invalid quota {text:?}: {e}")))
-}
-
-/// A duration such as `100ms`, `1.5s`, `2min`, `0`.
-pub fn duration(field: &str, text: &str) -> Result<Duration, ConfigError> {
-    let bad = || {
-        error(
-            field,
-            format!("invalid duration {text:?}: expected e.g. \"100ms\", \"1s\", \"2min\""),
-        )
-    };
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: f64 = number.parse().map_err(|_| bad())?;
-    let unit_secs = match unit.trim() {
-        "" if number == 0.0 => 0.0,
-        "ns" => 1e-9,
-        "us" => 1e-6,
-        "ms" => 1e-3,
-        "s" => 1.0,
-        "min" => 60.0,
-        "h" => 3600.0,
-        _ => return Err(bad()),
-    };
-    Duration::try_from_secs_f64(number * unit_secs).map_err(|_| bad())
-}
-
-impl RawConfig {
-    fn check(self) -> Result<Settings, ConfigError> {
-        let listen = self
-            .listen
-            .parse::<SocketAddr>()
-            .map_err(|e| error("listen", format!("invalid address {:?}: {e}", self.listen)))?;
-        let idle_timeout = duration("idle_timeout", &self.idle_timeout)?;
-        if idle_timeout.is_zero() {
-            return Err(error("idle_timeout", "must be longer than 0"));
-        }
-        let algorithm = AlgorithmKind::parse(&self.algorithm).ok_or_else(|| {
-            error(
-                "algorithm",
-                format!(
-                    "unknown algorithm {:?}: expected one of {ALGORITHMS}",
-                    self.algorithm
-                ),
-            )
-        })?;
-        let held = |field: &str, quota: Quota| -> Result<Quota, ConfigError> {
-            algorithm
-                .check(&quota)
-                .map(|()| quota)
-                .map_err(|e| error(field, format!("{} cannot hold {quota}: {e}", self.algorithm)))
-        };
-        let failsafe = held("failsafe", quota("failsafe", &self.failsafe)?)?;
-        let unknown = held("unknown", quota("unknown", &self.unknown)?)?;
-        if self.capacity == 0 || self.capacity > MAX_CAPACITY {
-            return Err(error(
-                "capacity",
-                format!("must be between 1 and {MAX_CAPACITY} keys, not {}", self.capacity),
-            ));
-        }
-        let limiter = LimiterSettings {
-            algorithm,
-            failsafe,
-            unknown,
-            fetch_latency: duration("fetch_latency", &self.fetch_latency)?,
-            refresh: duration("refresh", &self.refresh)?,
-            capacity: self.capacity,
-            redis: self.redis.map(|r| r.check(algorithm)).transpose()?,
-        };
-        if limiter.refresh.is_zero() {
-            return Err(error("refresh", "must be longer than 0"));
-        }
-
-        let max_key_len = self.key.max_length;
-        if max_key_len == 0 || max_key_len > MAX_KEY_LEN {
-            return Err(error(
-                "key.max_length",
-                format!("must be between 1 and {MAX_KEY_LEN}, not {max_key_len}"),
-            ));
-        }
-        if self.key.from.is_empty() {
-            return Err(error(
-                "key.from",
-                "needs at least one part: header:NAME, bearer or ip",
-            ));
-        }
-        let key_parts = (self.key.from.iter().enumerate())
-            .map(|(i, part)| {
-                part.parse::<KeyPart>()
-                    .map_err(|e| error(format!("key.from[{i}]"), e))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        if self.key.default.is_empty() || self.key.default.len() > max_key_len {
-            return Err(error(
-                "key.default",
-                "must be non-empty and no longer than key.max_length",
-            ));
-        }
-        let too_long = |field: String, key: &str| {
-            if key.len() > max_key_len {
-                Err(error(
-                    field,
-                    format!("key longer than key.max_length ({max_key_len})"),
-                ))
-            } else {
-                Ok(())
-            }
-        };
-
-        let mut accounts = HashMap::with_capacity(self.accounts.len());
-        for (name, text) in &self.accounts {
-            let field = format!("accounts.{name}");
-            too_long(field.clone(), name)?;
-            let mut q = quota(&field, text)?;
-            let burst = self.burst.filter(|_| !text.contains("burst") && !q.is_deny_all());
-            if let Some(burst) = burst {
-                q = q
-                    .with_capacity(burst)
-                    .map_err(|e| error(&field, format!("burst {burst} with {text:?}: {e}")))?;
-            }
-            accounts.insert(name.clone(), held(&field, q)?);
-        }
-        for (i, key) in self.bypass.iter().enumerate() {
-            too_long(format!("bypass[{i}]"), key)?;
-        }
-        let trusted_proxies = (self.trusted_proxies.iter().enumerate())
-            .map(|(i, net)| {
-                net.parse::<IpNet>()
-                    .map_err(|e| error(format!("trusted_proxies[{i}]"), e))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut costs = Vec::with_capacity(self.costs.len());
-        for (i, rule) in self.costs.iter().enumerate() {
-            if !rule.path.starts_with('/') {
-                return Err(error(format!("costs[{i}].path"), "must start with '/'"));
-            }
-            let method = match &rule.method {
-                Some(m) => Some(
-                    http::Method::from_bytes(m.to_ascii_uppercase().as_bytes())
-                        .map_err(|_| error(format!("costs[{i}].method"), format!("invalid method {m:?}")))?,
-                ),
-                None => None,
-            };
-            costs.push(CostRule::new(rule.path.clone(), method, rule.cost));
-        }
-        Ok(Settings {
-            listen,
-            idle_timeout,
-            limiter,
-            accounts,
-            key_parts,
-            default_key: self.key.default,
-            max_key_len,
-            trusted_proxies,
-            bypass: self.bypass,
-            costs,
-            headers: self.headers,
-        })
-    }
+/// A duration such as `100ms`, `1.5s`, `2min`, `0` ([`sluice::parse_duration`]).
+fn duration(field: &str, text: &str) -> Result<Duration, ConfigError> {
+    sluice::parse_duration(text).map_err(|e| error(field, e))
 }
 
 #[cfg(test)]
@@ -620,7 +201,7 @@ mod tests {
         .unwrap();
         let redis = s.limiter.redis.clone().unwrap();
         assert_eq!(redis.url.as_deref(), Some("redis://127.0.0.1:6390"));
-        assert_eq!(redis.policy, RedisPolicy::FailClosed);
+        assert_eq!(redis.policy, sluice_redis::FailurePolicy::FailClosed);
         assert_eq!((redis.hosts, redis.timeout), (3, Duration::from_millis(20)));
         let s = with_redis_url(s, "redis://10.0.0.1").unwrap();
         assert_eq!(s.limiter.redis.unwrap().url.as_deref(), Some("redis://10.0.0.1"));
