@@ -3,7 +3,8 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::future::{Ready, ready};
+use std::future::{Future, Ready, ready};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -11,18 +12,15 @@ use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
-use sluice::{
-    Algorithm, FetchResult, FixedWindow, FnSource, KeyedLimiter, LeakyBucket, Quota, QuotaError,
-    SlidingWindowCounter, SlidingWindowLog, TokenBucket,
-};
+use sluice::{Algorithm, AlgorithmVisitor, FetchResult, FnSource, KeyedLimiter, Quota, QuotaError};
 use sluice_http::{BuildError, LimitBackend, RateLimit, RateLimitLayer, RouteCosts, TrustedProxies};
 use tokio::runtime::Handle;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use sluice_redis::{FailurePolicy, RedisAlgorithm, RedisLimiter, RedisOptions, RedisStore};
+use sluice_redis::{RedisAlgorithm, RedisAlgorithmVisitor, RedisLimiter, RedisOptions, RedisStore};
 
-use crate::config::{AlgorithmKind, LimiterSettings, RedisPolicy, RedisSettings, Settings};
+use crate::config::{LimiterSettings, RedisSettings, Settings};
 use crate::redis_backend::RedisBackend;
 
 /// The service behind the limiter: `200 Hello World!`.
@@ -88,11 +86,11 @@ impl App {
         let accounts: Accounts = Arc::new(ArcSwap::from_pointee(settings.accounts.clone()));
         let limiter = match &settings.limiter.redis {
             None => build_limiter(&settings.limiter, Arc::clone(&accounts))?,
-            Some(redis) => build_shared(&settings.limiter, redis, Arc::clone(&accounts))
+            Some(redis) => build_redis_backend(&settings.limiter, redis, Arc::clone(&accounts))
                 .await
                 .map_err(|source| match source {
-                    SharedError::NoUrl => AppError::NoRedisUrl,
-                    SharedError::Redis(source) => AppError::Redis {
+                    RedisBackendError::NoUrl => AppError::NoRedisUrl,
+                    RedisBackendError::Redis(source) => AppError::Redis {
                         // With no URL from either place, the config named a cluster.
                         field: if redis.url.is_none() {
                             "redis.cluster"
@@ -147,17 +145,16 @@ impl App {
     }
 }
 
-fn build_limiter(
-    settings: &LimiterSettings,
-    accounts: Accounts,
-) -> Result<Arc<dyn LimitBackend>, QuotaError> {
-    match settings.algorithm {
-        AlgorithmKind::TokenBucket => keyed(TokenBucket, settings, accounts),
-        AlgorithmKind::LeakyBucket => keyed(LeakyBucket::meter(), settings, accounts),
-        AlgorithmKind::FixedWindow => keyed(FixedWindow, settings, accounts),
-        AlgorithmKind::SlidingWindowLog => keyed(SlidingWindowLog, settings, accounts),
-        AlgorithmKind::SlidingWindowCounter => keyed(SlidingWindowCounter, settings, accounts),
+fn build_limiter(settings: &LimiterSettings, accounts: Accounts) -> Result<Arc<dyn LimitBackend>, QuotaError> {
+    /// The in-memory limiter of any algorithm.
+    struct InMemory<'a>(&'a LimiterSettings, Accounts);
+    impl AlgorithmVisitor for InMemory<'_> {
+        type Output = Result<Arc<dyn LimitBackend>, QuotaError>;
+        fn visit<A: Algorithm>(self, algorithm: A) -> Self::Output {
+            keyed(algorithm, self.0, self.1)
+        }
     }
+    settings.algorithm.visit(InMemory(settings, accounts))
 }
 
 /// The quota fetch: a look-up in the accounts, after the simulated latency.
@@ -174,41 +171,55 @@ fn source(settings: &LimiterSettings, accounts: Accounts) -> impl sluice::QuotaS
     })
 }
 
-enum SharedError {
+enum RedisBackendError {
     NoUrl,
     Redis(sluice_redis::Error),
 }
 
-async fn build_shared(
-    settings: &LimiterSettings,
-    redis: &RedisSettings,
+type Building<'a> = Pin<Box<dyn Future<Output = Result<Arc<dyn LimitBackend>, RedisBackendError>> + Send + 'a>>;
+
+/// The Redis limiter of a scripted algorithm.
+struct OnRedis<'a> {
+    settings: &'a LimiterSettings,
+    redis: &'a RedisSettings,
     accounts: Accounts,
-) -> Result<Arc<dyn LimitBackend>, SharedError> {
-    match settings.algorithm {
-        AlgorithmKind::TokenBucket => shared(TokenBucket, settings, redis, accounts).await,
-        AlgorithmKind::FixedWindow => shared(FixedWindow, settings, redis, accounts).await,
-        AlgorithmKind::SlidingWindowLog => shared(SlidingWindowLog, settings, redis, accounts).await,
-        AlgorithmKind::SlidingWindowCounter => shared(SlidingWindowCounter, settings, redis, accounts).await,
-        // Refused when the config is checked; kept in memory should a caller skip the check.
-        AlgorithmKind::LeakyBucket => keyed(LeakyBucket::meter(), settings, accounts)
-            .map_err(|e| SharedError::Redis(sluice_redis::Error::Quota(e))),
+}
+
+impl<'a> RedisAlgorithmVisitor for OnRedis<'a> {
+    type Output = Building<'a>;
+    fn visit<A: RedisAlgorithm>(self, algorithm: A) -> Building<'a> {
+        Box::pin(redis_backend(algorithm, self.settings, self.redis, self.accounts))
     }
 }
 
-async fn shared<A: RedisAlgorithm>(
+async fn build_redis_backend(
+    settings: &LimiterSettings,
+    redis: &RedisSettings,
+    accounts: Accounts,
+) -> Result<Arc<dyn LimitBackend>, RedisBackendError> {
+    let on_redis = OnRedis {
+        settings,
+        redis,
+        accounts: Arc::clone(&accounts),
+    };
+    match sluice_redis::visit_scripted(settings.algorithm, on_redis) {
+        Ok(building) => building.await,
+        // Refused when the config is checked; kept in memory should a caller skip the check.
+        Err(_) => {
+            build_limiter(settings, accounts).map_err(|e| RedisBackendError::Redis(sluice_redis::Error::Quota(e)))
+        }
+    }
+}
+
+async fn redis_backend<A: RedisAlgorithm>(
     algorithm: A,
     settings: &LimiterSettings,
     redis: &RedisSettings,
     accounts: Accounts,
-) -> Result<Arc<dyn LimitBackend>, SharedError> {
+) -> Result<Arc<dyn LimitBackend>, RedisBackendError> {
     if redis.url.is_none() && redis.cluster.is_empty() {
-        return Err(SharedError::NoUrl);
+        return Err(RedisBackendError::NoUrl);
     }
-    let policy = match redis.policy {
-        RedisPolicy::FailOpen => FailurePolicy::FailOpen,
-        RedisPolicy::FailClosed => FailurePolicy::FailClosed,
-        RedisPolicy::LocalShare => FailurePolicy::LocalShare,
-    };
     let options = RedisOptions {
         timeout: redis.timeout,
         ..RedisOptions::default()
@@ -223,18 +234,18 @@ async fn shared<A: RedisAlgorithm>(
     let limiter = RedisLimiter::builder(algorithm, settings.failsafe)
         .source(source(settings, accounts))
         .unknown_key_quota(settings.unknown)
-        .policy(policy)
+        .policy(redis.policy)
         .hosts(redis.hosts)
         .prefix(redis.prefix.clone())
         .capacity(settings.capacity)
         .refresh_every(settings.refresh)
-        .build(store.map_err(SharedError::Redis)?)
-        .map_err(SharedError::Redis)?;
+        .build(store.map_err(RedisBackendError::Redis)?)
+        .map_err(RedisBackendError::Redis)?;
     let at = redis
         .url
         .clone()
         .unwrap_or_else(|| format!("cluster {}", redis.cluster.join(",")));
-    tracing::info!(redis = at, policy = ?redis.policy, hosts = redis.hosts, "limits shared through Redis");
+    tracing::info!(redis = at, policy = %redis.policy, hosts = redis.hosts, "limits shared through Redis");
     Ok(Arc::new(RedisBackend(limiter)))
 }
 

@@ -27,7 +27,7 @@ struct Cli {
 enum Command {
     /// Serve HTTP: `Hello World!` (200) or `Exceeded quota` (429), limited per key.
     ///
-    /// Without --config, runs the demo of seed 000 (X-Account-ID keys, alice..eve,
+    /// Without --config, runs the built-in demo (X-Account-ID keys, alice..eve,
     /// admin@example.com bypassing). Prints `listening on http://ADDR` once listening;
     /// logs go to stderr (level from SLUICE_LOG: error, warn, info, debug; default info).
     Serve(ServeArgs),
@@ -36,7 +36,7 @@ enum Command {
         /// The YAML config file.
         file: PathBuf,
     },
-    /// Load a server with concurrent user profiles (seed 000's suite by default).
+    /// Load a server with concurrent user profiles (by default, the demo's twelve).
     ///
     /// Writes results.tsv, rates.png and latencies.png to --out and prints a verdict per
     /// profile; exits 1 if a profile failed. With --spawn it starts `sluice serve` itself.

@@ -144,15 +144,27 @@ pub async fn serve(
     Ok(())
 }
 
+/// Compiles the block it is given only where listeners can share a port (`SO_REUSEPORT`):
+/// the one place that names those platforms.
+macro_rules! where_port_is_shareable {
+    ($body:block) => {
+        #[cfg(all(
+            unix,
+            not(any(target_os = "solaris", target_os = "illumos", target_os = "cygwin"))
+        ))]
+        $body
+    };
+}
+
 /// Whether listeners can share a port here (`SO_REUSEPORT`); without it, one thread serves.
-const REUSE_PORT: bool = cfg!(all(
-    unix,
-    not(any(
-        target_os = "solaris",
-        target_os = "illumos",
-        target_os = "cygwin"
-    ))
-));
+#[allow(unused_mut, unused_assignments)] // the value is replaced where the port is shareable
+const REUSE_PORT: bool = {
+    let mut shareable = false;
+    where_port_is_shareable!({
+        shareable = true;
+    });
+    shareable
+};
 
 /// The first listener on `addr`. A port other processes may share (`SO_REUSEPORT`) is first
 /// bound once without the option, so a port already in use, even by another server that set
@@ -173,18 +185,12 @@ fn bind(addr: SocketAddr, shared_port: bool) -> std::io::Result<TcpListener> {
     };
     #[cfg(unix)]
     socket.set_reuseaddr(true)?;
-    #[cfg(all(
-        unix,
-        not(any(target_os = "solaris", target_os = "illumos", target_os = "cygwin"))
-    ))]
-    if shared_port {
-        socket.set_reuseport(true)?;
-    }
-    #[cfg(not(all(
-        unix,
-        not(any(target_os = "solaris", target_os = "illumos", target_os = "cygwin"))
-    )))]
-    let _ = shared_port;
+    where_port_is_shareable!({
+        if shared_port {
+            socket.set_reuseport(true)?;
+        }
+    });
+    let _ = shared_port; // read only where the port is shareable
     socket.bind(addr)?;
     socket.listen(1024)
 }

@@ -1,5 +1,5 @@
 //! `sluice loadtest --spawn`: the binary loads a `sluice serve` it starts itself and writes the
-//! seed's three files.
+//! three result files.
 
 mod common;
 
@@ -14,7 +14,7 @@ fn loadtest_spawns_the_server_and_writes_results_and_charts() {
             "loadtest",
             "--spawn",
             "--profiles",
-            "seed",
+            "demo",
             "--duration",
             "3s",
             "--trials",
@@ -40,7 +40,7 @@ fn loadtest_spawns_the_server_and_writes_results_and_charts() {
     let mut lines = tsv.lines();
     let header: Vec<&str> = lines.next().unwrap().split('\t').collect();
     assert_eq!(header[0], "account ID");
-    assert_eq!(lines.count(), 12, "one row per seed profile and trial: {tsv}");
+    assert_eq!(lines.count(), 12, "one row per demo profile and trial: {tsv}");
     for chart in ["rates.png", "latencies.png"] {
         let bytes = std::fs::read(out.join(chart)).unwrap();
         assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "{chart} is a PNG");

@@ -38,7 +38,7 @@ pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 /// }
 /// let cli = Cli::try_parse_from(["sluice", "--url", "http://127.0.0.1:8080/", "--duration", "2s"])?;
 /// assert_eq!(cli.loadtest.duration, std::time::Duration::from_secs(2));
-/// assert_eq!(cli.loadtest.profiles, "seed");
+/// assert_eq!(cli.loadtest.profiles, "demo");
 /// # Ok::<(), clap::Error>(())
 /// ```
 #[derive(Debug, Clone, clap::Args)]
@@ -57,11 +57,12 @@ pub struct Args {
     /// Config file passed to the spawned server (`sluice serve --config FILE`).
     #[arg(long, value_name = "FILE", requires = "spawn")]
     pub config: Option<PathBuf>,
-    /// `seed` (seed 000's twelve profiles) or a YAML file of profiles.
-    #[arg(long, value_name = "seed|FILE", default_value = "seed")]
+    /// `demo` (twelve profiles against the built-in demo's accounts) or a YAML file of
+    /// profiles.
+    #[arg(long, value_name = "demo|FILE", default_value = "demo")]
     pub profiles: String,
-    /// Length of each trial, e.g. 10s, 500ms, 2m.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    /// Length of each trial, e.g. 10s, 500ms, 2min.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = sluice::parse_duration)]
     pub duration: Duration,
     /// Trials run one after the other.
     #[arg(long, value_name = "N", default_value_t = 1)]
@@ -71,7 +72,7 @@ pub struct Args {
     pub connections: Option<u32>,
     /// Start of each trial left out of the steady allow rate (the cold start: burst, failsafe
     /// quota during the quota fetch).
-    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = sluice::parse_duration)]
     pub settle: Duration,
     /// Directory for results.tsv, rates.png and latencies.png.
     #[arg(long, value_name = "DIR", default_value = "loadtest-results")]
@@ -126,39 +127,4 @@ impl Args {
         }
         Ok(())
     }
-}
-
-/// Parses `10s`, `500ms`, `2m`, `1h`, `1.5s`, `250us`.
-///
-/// # Example
-/// ```
-/// use std::time::Duration;
-/// assert_eq!(sluice_loadtest::parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-/// assert!(sluice_loadtest::parse_duration("10").is_err());
-/// ```
-///
-/// # Errors
-/// A message naming the accepted forms.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let seconds_per_unit = match unit.trim() {
-        "us" | "µs" => 1e-6,
-        "ms" => 1e-3,
-        "s" => 1.0,
-        "m" | "min" => 60.0,
-        "h" => 3600.0,
-        _ => {
-            return Err(format!(
-                "`{text}`: expected a number and a unit: us, ms, s, m or h (e.g. 10s)"
-            ));
-        }
-    };
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("`{text}`: `{number}` is not a number"))?;
-    Duration::try_from_secs_f64(value * seconds_per_unit).map_err(|_| format!("`{text}`: out of range"))
 }

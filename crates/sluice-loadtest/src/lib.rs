@@ -1,13 +1,13 @@
 //! # sluice-loadtest: does a rate-limited server grant each user what it should?
 //!
-//! The engine of `sluice loadtest`, seed 000's wrk-based suite in Rust. Simulated users
+//! The engine of `sluice loadtest`. Simulated users
 //! (*profiles*: an account header and the rate it should get) load a server concurrently, each
 //! over its own keep-alive HTTP/1.1 connections, for a number of trials. Every 200 counts as
 //! allowed, every 429 as denied, anything else as an error. The results are:
 //!
-//! - `results.tsv`: one line per profile and trial with seed 000's columns (allowed, denied,
-//!   rates, latency percentiles in µs), plus the expected rate, the error in percent and the
-//!   cold-start split (see [`report`](crate::TrialRow));
+//! - `results.tsv`: one line per profile and trial (allowed, denied, rates, latency
+//!   percentiles in µs, the expected rate, the error in percent and the cold-start split; see
+//!   [`TrialRow`](crate::TrialRow));
 //! - `rates.png` and `latencies.png`;
 //! - a [`Report`] whose `Display` is the summary printed by the CLI, with a [`Verdict`] per
 //!   profile: `PASS` when its steady allow rate is within 1% (or 1 request) of the expected rate.
@@ -46,7 +46,7 @@ use std::path::Path;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-pub use args::{Args, DEFAULT_CONNECTIONS, MAX_CONNECTIONS, MAX_DURATION, parse_duration};
+pub use args::{Args, DEFAULT_CONNECTIONS, MAX_CONNECTIONS, MAX_DURATION};
 pub use error::LoadtestError;
 pub use profile::{Account, DEFAULT_HEADER_NAME, Expected, Profile, ProfileSet, UNIQUE_PLACEHOLDER};
 pub use report::{Latencies, ProfileSummary, Report, TSV_COLUMNS, TrialRow, Verdict};

@@ -12,7 +12,7 @@ use crate::args::MAX_CONNECTIONS;
 /// The header carrying the account unless a profiles file names another.
 ///
 /// ```
-/// assert_eq!(sluice_loadtest::ProfileSet::seed().header_name, sluice_loadtest::DEFAULT_HEADER_NAME);
+/// assert_eq!(sluice_loadtest::ProfileSet::demo().header_name, sluice_loadtest::DEFAULT_HEADER_NAME);
 /// ```
 pub const DEFAULT_HEADER_NAME: &str = "X-Account-ID";
 
@@ -96,8 +96,8 @@ impl Account {
 ///
 /// # Example
 /// ```
-/// let seed = sluice_loadtest::ProfileSet::seed();
-/// let alice = seed.profiles.iter().find(|p| p.name == "alice@example.com").unwrap();
+/// let demo = sluice_loadtest::ProfileSet::demo();
+/// let alice = demo.profiles.iter().find(|p| p.name == "alice@example.com").unwrap();
 /// assert_eq!(alice.expected, sluice_loadtest::Expected::Rate(1.0));
 /// ```
 #[derive(Debug, Clone, PartialEq)]
@@ -114,7 +114,7 @@ pub struct Profile {
 
 /// A set of profiles run together, and the header that carries the account.
 ///
-/// Loaded from `seed` (the built-in set) or a YAML file:
+/// Loaded from `demo` (the built-in set) or a YAML file:
 ///
 /// ```yaml
 /// header_name: X-Account-ID          # optional, this is the default
@@ -130,7 +130,7 @@ pub struct Profile {
 ///
 /// # Example
 /// ```
-/// let set = sluice_loadtest::ProfileSet::seed();
+/// let set = sluice_loadtest::ProfileSet::demo();
 /// assert_eq!(set.profiles.len(), 12);
 /// assert_eq!(set.header_name, "X-Account-ID");
 /// ```
@@ -142,9 +142,14 @@ pub struct ProfileSet {
     pub profiles: Vec<Profile>,
 }
 
+/// What `--profiles` takes for the built-in set: `demo`, and `seed`, its earlier name.
+const DEMO_NAMES: [&str; 2] = ["demo", "seed"];
+
 impl ProfileSet {
-    /// Seed 000's twelve profiles against the demo server's accounts.
-    pub fn seed() -> Self {
+    /// The twelve profiles of the built-in demo: an unknown account, a new unknown account
+    /// per request, no account (`ANONYMOUS`), alice@example.com to eve@example.com at their
+    /// quotas, and admin@example.com, never limited.
+    pub fn demo() -> Self {
         let limited = |name: &str, rate: f64| Profile {
             name: format!("{name}@example.com"),
             account: Account::Fixed(format!("{name}@example.com")),
@@ -193,10 +198,12 @@ impl ProfileSet {
         }
     }
 
-    /// `seed`, or the YAML file at `spec`.
+    /// The built-in set ([`ProfileSet::demo`]) for `demo` (or its former name `seed`), else
+    /// the YAML file at `spec`.
     ///
     /// ```
-    /// assert_eq!(sluice_loadtest::ProfileSet::load("seed")?.profiles.len(), 12);
+    /// assert_eq!(sluice_loadtest::ProfileSet::load("demo")?.profiles.len(), 12);
+    /// assert_eq!(sluice_loadtest::ProfileSet::load("seed")?, sluice_loadtest::ProfileSet::demo());
     /// let err = sluice_loadtest::ProfileSet::load("/nonexistent/profiles.yaml").unwrap_err();
     /// assert!(err.to_string().starts_with("--profiles /nonexistent/profiles.yaml: "));
     /// # Ok::<(), sluice_loadtest::LoadtestError>(())
@@ -206,8 +213,8 @@ impl ProfileSet {
     /// [`LoadtestError::ProfilesRead`] if the file cannot be read,
     /// [`LoadtestError::ProfilesInvalid`] naming the field at fault.
     pub fn load(spec: &str) -> Result<Self, LoadtestError> {
-        if spec == "seed" {
-            return Ok(Self::seed());
+        if DEMO_NAMES.contains(&spec) {
+            return Ok(Self::demo());
         }
         let path = Path::new(spec);
         let text = std::fs::read_to_string(path).map_err(|source| LoadtestError::ProfilesRead {

@@ -22,7 +22,7 @@ fn decode_png(path: &Path) -> (u32, u32) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn seed_profiles_against_a_keyed_limiter() {
+async fn demo_profiles_against_a_keyed_limiter() {
     // The quota fetch takes 50 ms; the 500 ms settling time leaves a margin for a busy machine.
     let (addr, answered) = common::demo_server(Duration::from_millis(50)).await;
     let out = tempfile::tempdir().unwrap();

@@ -14,25 +14,7 @@ use crate::algorithm::kind_of;
 use crate::script::{Kind, Plan};
 use crate::source::{Share, SharedSource, share};
 use crate::store::CallError;
-use crate::{Error, RedisAlgorithm, RedisOptions, RedisStore, StoreMetrics};
-
-/// What a check answers when Redis does not (error, timeout, or while degraded).
-///
-/// # Example
-/// ```
-/// assert_eq!(sluice_redis::FailurePolicy::default(), sluice_redis::FailurePolicy::LocalShare);
-/// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum FailurePolicy {
-    /// Admit everything: availability over the limit.
-    FailOpen,
-    /// Deny everything: the limit over availability.
-    FailClosed,
-    /// Each host enforces its share of every limit (`quota / hosts`) in memory, with the core
-    /// limiter of the same algorithm.
-    #[default]
-    LocalShare,
-}
+use crate::{Error, FailurePolicy, RedisAlgorithm, RedisOptions, RedisStore, StoreMetrics};
 
 /// Counters of one limiter (plus its store's), readable at any time.
 ///

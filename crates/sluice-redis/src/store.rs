@@ -35,10 +35,17 @@ pub struct RedisOptions {
     pub probe_backoff_max: Duration,
 }
 
+/// The longest a check waits for Redis unless told otherwise ([`RedisOptions::timeout`]).
+///
+/// ```
+/// assert_eq!(sluice_redis::DEFAULT_TIMEOUT, sluice_redis::RedisOptions::default().timeout);
+/// ```
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+
 impl Default for RedisOptions {
     fn default() -> Self {
         Self {
-            timeout: Duration::from_millis(50),
+            timeout: DEFAULT_TIMEOUT,
             connect_timeout: Duration::from_secs(2),
             probe_backoff: Duration::from_millis(50),
             probe_backoff_max: Duration::from_secs(1),

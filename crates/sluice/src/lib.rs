@@ -54,6 +54,7 @@ pub mod wait;
 pub use algorithm::{
     Algorithm, FixedWindow, LeakyBucket, SlidingWindowCounter, SlidingWindowLog, TokenBucket, Unmetered,
 };
+pub use algorithm::{AlgorithmKind, AlgorithmVisitor, UnknownAlgorithm};
 pub use chain::{ChainDecision, ChainError, KeyedLink, Link, Receipt, check_chain};
 pub use clock::{Clock, ManualClock, MonotonicClock, saturating_nanos};
 pub use concurrency::{AcquireError, ConcurrencyLimiter, OwnedPermit, Permit};
@@ -64,7 +65,7 @@ pub use keyed::{
     KeyedMetrics, QuotaSource, Spawner, StaticQuotas, Task,
 };
 pub use limiter::RateLimiter;
-pub use quota::{MAX_SCALED_BURST, Quota, QuotaError};
+pub use quota::{DurationError, MAX_SCALED_BURST, Quota, QuotaError, parse_duration};
 #[cfg(feature = "wait")]
 pub use wait::TokioClock;
 pub use wait::{

@@ -294,6 +294,7 @@ impl fmt::Display for Quota {
     }
 }
 
+/// The units of quota periods and durations, in nanoseconds.
 fn unit_nanos(unit: &str) -> Option<u64> {
     Some(match unit {
         "ns" | "nanosecond" | "nanoseconds" => 1,
@@ -305,6 +306,104 @@ fn unit_nanos(unit: &str) -> Option<u64> {
         "d" | "day" | "days" => 86_400 * NANOS_PER_SEC,
         _ => return None,
     })
+}
+
+/// Why a decimal number could not be read exactly.
+enum DecimalError {
+    NotDecimal,
+    TooManyDecimals,
+    TooManyDigits,
+}
+
+/// A non-negative decimal (`12`, `1.25`, `.5`, `3.`) read exactly: its digits as an integer,
+/// and the power of ten that divides them (`1.25` is `(125, 100)`).
+fn decimal(number: &str) -> Result<(u64, u64), DecimalError> {
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    if whole.is_empty() && fraction.is_empty()
+        || !whole.chars().all(|c| c.is_ascii_digit())
+        || !fraction.chars().all(|c| c.is_ascii_digit())
+    {
+        return Err(DecimalError::NotDecimal);
+    }
+    let scale = u32::try_from(fraction.len())
+        .ok()
+        .and_then(|d| 10u64.checked_pow(d))
+        .ok_or(DecimalError::TooManyDecimals)?;
+    let digits = format!("{whole}{fraction}");
+    match digits.trim_start_matches('0') {
+        "" => Ok((0, scale)),
+        significant => Ok((
+            significant.parse().map_err(|_| DecimalError::TooManyDigits)?,
+            scale,
+        )),
+    }
+}
+
+/// Why a duration could not be read (see [`parse_duration`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DurationError {
+    /// The text is not a number followed by a unit.
+    #[error("malformed duration {input:?}: {reason} (e.g. \"100ms\", \"1.5s\", \"2min\")")]
+    Malformed {
+        /// The text given.
+        input: String,
+        /// What was wrong with it.
+        reason: &'static str,
+    },
+    /// The duration is not a whole number of nanoseconds (`1.5ns`).
+    #[error("duration {0:?} is finer than a nanosecond")]
+    TooPrecise(String),
+    /// The duration is longer than 2^64 − 1 ns (584 years), the longest quota period too.
+    #[error("duration {0:?} exceeds 584 years")]
+    Overflow(String),
+}
+
+/// Reads a duration: a non-negative decimal number and a unit of quota periods (`ns`, `us`,
+/// `ms`, `s`, `min`/`m`, `h`, `day`/`d`, with long forms and plurals), as in `100ms`, `1.5s`,
+/// `2min`, `250 us`; or `0` alone. Exact: decimals are read as integers, never as floats, so
+/// `1.1s` is 1 100 000 000 ns. At most 2^64 − 1 ns (584 years), like quota periods.
+///
+/// # Example
+/// ```
+/// use std::time::Duration;
+/// use sluice::{DurationError, parse_duration};
+/// assert_eq!(parse_duration("1.5s")?, Duration::from_millis(1500));
+/// assert_eq!(parse_duration("0")?, Duration::ZERO);
+/// assert!(matches!(parse_duration("10"), Err(DurationError::Malformed { .. })));
+/// assert_eq!(parse_duration("1.5ns"), Err(DurationError::TooPrecise("1.5ns".into())));
+/// # Ok::<(), DurationError>(())
+/// ```
+///
+/// # Errors
+/// [`DurationError`]: not a number and a unit, finer than a nanosecond, or too long.
+pub fn parse_duration(input: &str) -> Result<Duration, DurationError> {
+    let malformed = |reason| DurationError::Malformed {
+        input: input.to_string(),
+        reason,
+    };
+    let text = input.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let (value, scale) = decimal(number).map_err(|e| match e {
+        DecimalError::NotDecimal => malformed("the number must be a non-negative decimal"),
+        DecimalError::TooManyDecimals => DurationError::TooPrecise(input.to_string()),
+        DecimalError::TooManyDigits => DurationError::Overflow(input.to_string()),
+    })?;
+    let unit_ns = match unit.trim() {
+        "" if value == 0 => 0,
+        "" => return Err(malformed("a unit is needed")),
+        unit => unit_nanos(unit).ok_or_else(|| malformed("unknown unit (ns, us, ms, s, min, h or day)"))?,
+    };
+    // At most (2^64 − 1) × 86 400 × 10^9: far inside u128.
+    let scaled = u128::from(value) * u128::from(unit_ns);
+    if scaled % u128::from(scale) != 0 {
+        return Err(DurationError::TooPrecise(input.to_string()));
+    }
+    let nanos =
+        u64::try_from(scaled / u128::from(scale)).map_err(|_| DurationError::Overflow(input.to_string()))?;
+    Ok(Duration::from_nanos(nanos))
 }
 
 impl FromStr for Quota {
@@ -326,29 +425,11 @@ impl FromStr for Quota {
         let (number, period) = (number.trim(), period.trim());
 
         // COUNT: digits with an optional fraction, scaled to an integer.
-        let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
-        if whole.is_empty() && fraction.is_empty()
-            || !whole.chars().all(|c| c.is_ascii_digit())
-            || !fraction.chars().all(|c| c.is_ascii_digit())
-        {
-            return Err(malformed("the count must be a non-negative decimal number"));
-        }
-        let scale = u32::try_from(fraction.len())
-            .ok()
-            .and_then(|d| 10u64.checked_pow(d))
-            .ok_or_else(|| overflow("count has too many decimals"))?;
-        let digits = format!("{whole}{fraction}");
-        let count: u64 = digits
-            .trim_start_matches('0')
-            .parse()
-            .or_else(|_| {
-                if digits.chars().all(|c| c == '0') {
-                    Ok(0)
-                } else {
-                    Err(())
-                }
-            })
-            .map_err(|_| overflow("count has too many digits"))?;
+        let (count, scale) = decimal(number).map_err(|e| match e {
+            DecimalError::NotDecimal => malformed("the count must be a non-negative decimal number"),
+            DecimalError::TooManyDecimals => overflow("count has too many decimals"),
+            DecimalError::TooManyDigits => overflow("count has too many digits"),
+        })?;
 
         // PERIOD: an optional whole multiple, then a unit.
         let split = period.find(|c: char| !c.is_ascii_digit()).unwrap_or(period.len());
@@ -376,5 +457,55 @@ impl FromStr for Quota {
             None => count.div_ceil(scale).max(1),
         };
         Self::from_parts(capacity, count, period_ns)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_exactly_in_every_unit() {
+        let ns = Duration::from_nanos;
+        let cases = [
+            ("100ms", ns(100_000_000)),
+            ("1.5s", ns(1_500_000_000)),
+            ("1.1s", ns(1_100_000_000)),
+            (".5s", ns(500_000_000)),
+            ("0.000000001s", ns(1)),
+            ("2min", Duration::from_secs(120)),
+            ("2m", Duration::from_secs(120)),
+            ("1 day", Duration::from_secs(86_400)),
+            ("250us", ns(250_000)),
+            ("250µs", ns(250_000)),
+            ("7ns", ns(7)),
+            (" 3 seconds ", Duration::from_secs(3)),
+            ("18446744073709551615ns", ns(u64::MAX)),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(parse_duration(text), Ok(expected), "{text:?}");
+        }
+        for zero in ["0", "0.0", "00", "0s", "0ms"] {
+            assert_eq!(parse_duration(zero), Ok(Duration::ZERO), "{zero:?}");
+        }
+    }
+
+    #[test]
+    fn durations_refused() {
+        let refusal = |text: &str| match parse_duration(text) {
+            Err(DurationError::Malformed { .. }) => "malformed",
+            Err(DurationError::TooPrecise(_)) => "too precise",
+            Err(DurationError::Overflow(_)) => "overflow",
+            Ok(_) => "accepted",
+        };
+        for text in ["", "5", "s", "-1s", "1.2.3s", "1e3s", "10 parsecs", "soon", "."] {
+            assert_eq!(refusal(text), "malformed", "{text:?}");
+        }
+        assert_eq!(refusal("1.5ns"), "too precise");
+        for text in ["18446744073709551616ns", "18446744074s", "1000000000h"] {
+            assert_eq!(refusal(text), "overflow", "{text:?}");
+        }
+        let e = parse_duration("5").unwrap_err();
+        assert!(e.to_string().contains("a unit is needed"), "{e}");
     }
 }

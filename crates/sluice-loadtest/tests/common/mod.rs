@@ -1,5 +1,5 @@
 //! A small demo server for the tests: hyper over a real socket, limited by sluice's
-//! `KeyedLimiter` with the seed's accounts, a simulated quota fetch and counters of what it
+//! `KeyedLimiter` with the demo's accounts, a simulated quota fetch and counters of what it
 //! answered.
 
 use std::convert::Infallible;

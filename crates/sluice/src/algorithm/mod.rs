@@ -20,6 +20,7 @@ use crate::{Decision, Quota, QuotaError};
 
 mod fixed_window;
 mod gcra;
+mod kind;
 mod leaky_bucket;
 mod sliding_counter;
 mod sliding_log;
@@ -28,6 +29,7 @@ mod unmetered;
 mod word;
 
 pub use fixed_window::FixedWindow;
+pub use kind::{AlgorithmKind, AlgorithmVisitor, UnknownAlgorithm};
 pub use leaky_bucket::LeakyBucket;
 pub use sliding_counter::SlidingWindowCounter;
 pub use sliding_log::SlidingWindowLog;

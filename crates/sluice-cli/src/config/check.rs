@@ -1,0 +1,166 @@
+//! From the file as written to [`Settings`]: each field read with the library's own parser
+//! or builder, whose typed error is given the field's path.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+use sluice::{AlgorithmKind, KeyedLimiter, Quota, TokenBucket};
+use sluice_http::{BuildError, CostRule, IpNet, KeyPart, RateLimitLayer};
+
+use super::raw::{RawConfig, RawCost, RawKey};
+use super::{ConfigError, LimiterSettings, Settings, duration, error};
+
+/// The most keys a config may ask the limiter to hold (about 6 GB of entries): a bound, so a
+/// typo cannot make the server try to allocate without limit at start.
+const MAX_CAPACITY: usize = 100_000_000;
+
+fn quota(field: &str, text: &str) -> Result<Quota, ConfigError> {
+    text.parse::<Quota>()
+        .map_err(|e| error(field, format!("invalid quota {text:?}: {e}")))
+}
+
+/// A duration that must be longer than zero.
+fn positive(field: &str, text: &str) -> Result<std::time::Duration, ConfigError> {
+    let value = duration(field, text)?;
+    if value.is_zero() {
+        return Err(error(field, "must be longer than 0"));
+    }
+    Ok(value)
+}
+
+impl RawConfig {
+    /// The checked settings, or the first field at fault.
+    pub(super) fn check(self) -> Result<Settings, ConfigError> {
+        let listen = self
+            .listen
+            .parse::<SocketAddr>()
+            .map_err(|e| error("listen", format!("invalid address {:?}: {e}", self.listen)))?;
+        let idle_timeout = positive("idle_timeout", &self.idle_timeout)?;
+        let algorithm: AlgorithmKind = self.algorithm.parse().map_err(|e| error("algorithm", e))?;
+        let held = |field: &str, quota: Quota| -> Result<Quota, ConfigError> {
+            algorithm
+                .check(&quota)
+                .map(|()| quota)
+                .map_err(|e| error(field, format!("{algorithm} cannot hold {quota}: {e}")))
+        };
+        let failsafe = held("failsafe", quota("failsafe", &self.failsafe)?)?;
+        let unknown = held("unknown", quota("unknown", &self.unknown)?)?;
+        let capacity = self.capacity.unwrap_or(sluice::DEFAULT_CAPACITY);
+        if capacity == 0 || capacity > MAX_CAPACITY {
+            return Err(error(
+                "capacity",
+                format!("must be between 1 and {MAX_CAPACITY} keys, not {capacity}"),
+            ));
+        }
+        let fetch_latency = duration("fetch_latency", &self.fetch_latency)?;
+        let refresh = positive("refresh", &self.refresh)?;
+        let limiter = LimiterSettings {
+            algorithm,
+            failsafe,
+            unknown,
+            fetch_latency,
+            refresh,
+            capacity,
+            redis: self.redis.map(|r| r.check(algorithm)).transpose()?,
+        };
+
+        let key_parts = key_parts(&self.key)?;
+        let max_key_len = self.key.max_length;
+        let too_long = |field: String, key: &str| {
+            if key.len() > max_key_len {
+                Err(error(
+                    field,
+                    format!("key longer than key.max_length ({max_key_len})"),
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        let mut accounts = HashMap::with_capacity(self.accounts.len());
+        for (name, text) in &self.accounts {
+            let field = format!("accounts.{name}");
+            too_long(field.clone(), name)?;
+            let mut q = quota(&field, text)?;
+            let burst = self.burst.filter(|_| !text.contains("burst") && !q.is_deny_all());
+            if let Some(burst) = burst {
+                q = q
+                    .with_capacity(burst)
+                    .map_err(|e| error(&field, format!("burst {burst} with {text:?}: {e}")))?;
+            }
+            accounts.insert(name.clone(), held(&field, q)?);
+        }
+        for (i, key) in self.bypass.iter().enumerate() {
+            too_long(format!("bypass[{i}]"), key)?;
+        }
+        let trusted_proxies = (self.trusted_proxies.iter().enumerate())
+            .map(|(i, net)| {
+                net.parse::<IpNet>()
+                    .map_err(|e| error(format!("trusted_proxies[{i}]"), e))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let costs = (self.costs.iter().enumerate())
+            .map(|(i, rule)| cost(i, rule))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Settings {
+            listen,
+            idle_timeout,
+            limiter,
+            accounts,
+            key_parts,
+            default_key: self.key.default,
+            max_key_len,
+            trusted_proxies,
+            bypass: self.bypass,
+            costs,
+            headers: self.headers,
+        })
+    }
+}
+
+/// The key's parts, and the layer's own check of them with the default key and the maximum
+/// length.
+fn key_parts(key: &RawKey) -> Result<Vec<KeyPart>, ConfigError> {
+    let parts = (key.from.iter().enumerate())
+        .map(|(i, part)| {
+            part.parse::<KeyPart>()
+                .map_err(|e| error(format!("key.from[{i}]"), e))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    // The layer refuses what it cannot serve; a limiter of one key is enough to ask it.
+    let limiter = KeyedLimiter::<String, _>::builder(TokenBucket, Quota::deny_all())
+        .capacity(1)
+        .shards(1)
+        .build()
+        .map_err(|e| error("key", e))?;
+    let built = RateLimitLayer::builder(limiter)
+        .key(parts.iter().cloned())
+        .default_key(key.default.clone())
+        .max_key_len(key.max_length)
+        .build();
+    match built {
+        Ok(_) => Ok(parts),
+        Err(e) => {
+            let field = match e {
+                BuildError::NoKeyParts => "key.from",
+                BuildError::MaxKeyLength(_) => "key.max_length",
+                BuildError::DefaultKey(_) => "key.default",
+                _ => "key",
+            };
+            Err(error(field, e))
+        }
+    }
+}
+
+fn cost(i: usize, rule: &RawCost) -> Result<CostRule, ConfigError> {
+    if !rule.path.starts_with('/') {
+        return Err(error(format!("costs[{i}].path"), "must start with '/'"));
+    }
+    let method = match &rule.method {
+        Some(m) => Some(
+            http::Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+                .map_err(|_| error(format!("costs[{i}].method"), format!("invalid method {m:?}")))?,
+        ),
+        None => None,
+    };
+    Ok(CostRule::new(rule.path.clone(), method, rule.cost))
+}

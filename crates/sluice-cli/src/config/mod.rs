@@ -1,0 +1,270 @@
+//! The YAML config: read, checked field by field, turned into [`Settings`].
+//!
+//! `raw` holds the file as written, `check` turns it into settings with the libraries' own
+//! parsers and builders, `redis` reads the `redis:` section and `--redis`.
+
+mod check;
+mod raw;
+mod redis;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use sluice::{AlgorithmKind, Quota};
+use sluice_http::{CostRule, IpNet, KeyPart};
+
+pub use redis::{RedisSettings, with_redis_url};
+
+use raw::RawConfig;
+
+/// The built-in demo (the accounts alice@example.com to eve@example.com, admin@example.com
+/// never limited), used when no `--config` is given.
+pub const DEFAULT_CONFIG: &str = include_str!("../default.yaml");
+
+/// A config that cannot be used, naming the field at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct ConfigError {
+    /// The field, as a path (`accounts.alice`, `key.from[1]`), or `line L column C`.
+    pub field: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+fn error(field: impl Into<String>, message: impl ToString) -> ConfigError {
+    ConfigError {
+        field: field.into(),
+        message: message.to_string(),
+    }
+}
+
+/// What shapes the keyed limiter itself; a change to any of these needs a new limiter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimiterSettings {
+    /// The algorithm.
+    pub algorithm: AlgorithmKind,
+    /// The quota of a key while its own is being fetched.
+    pub failsafe: Quota,
+    /// The quota of keys not in `accounts`.
+    pub unknown: Quota,
+    /// Simulated latency of the quota fetch.
+    pub fetch_latency: Duration,
+    /// How often a key's quota is fetched again.
+    pub refresh: Duration,
+    /// The most keys held at once.
+    pub capacity: usize,
+    /// Limits shared through Redis instead of held in memory.
+    pub redis: Option<RedisSettings>,
+}
+
+/// A checked config.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// How long a connection may go without starting a request.
+    pub idle_timeout: Duration,
+    /// The limiter's shape.
+    pub limiter: LimiterSettings,
+    /// Quotas by key.
+    pub accounts: HashMap<String, Quota>,
+    /// What a key is made of.
+    pub key_parts: Vec<KeyPart>,
+    /// The key of a request that does not say who it is.
+    pub default_key: String,
+    /// The longest key accepted.
+    pub max_key_len: usize,
+    /// Proxies whose forwarding headers are believed.
+    pub trusted_proxies: Vec<IpNet>,
+    /// Keys never limited.
+    pub bypass: Vec<String>,
+    /// Costs by route and method.
+    pub costs: Vec<CostRule>,
+    /// Whether admitted responses carry the rate-limit fields.
+    pub headers: bool,
+}
+
+/// Reads and checks a config file.
+pub fn load(path: &Path) -> Result<Settings, ConfigError> {
+    load_with_bytes(path).map(|(settings, _)| settings)
+}
+
+/// Reads and checks a config file, returning the bytes read too (what a reload compares with).
+pub fn load_with_bytes(path: &Path) -> Result<(Settings, Vec<u8>), ConfigError> {
+    let bytes = std::fs::read(path).map_err(|e| error("file", e))?;
+    let settings = parse_bytes(&bytes)?;
+    Ok((settings, bytes))
+}
+
+/// Checks config bytes, which must be UTF-8 text.
+pub fn parse_bytes(bytes: &[u8]) -> Result<Settings, ConfigError> {
+    let text = std::str::from_utf8(bytes).map_err(|_| error("file", "not UTF-8 text"))?;
+    parse(text)
+}
+
+/// Checks config text.
+pub fn parse(text: &str) -> Result<Settings, ConfigError> {
+    let deserializer = serde_norway::Deserializer::from_str(text);
+    let raw: RawConfig = serde_path_to_error::deserialize(deserializer).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        // Unknown parts of the path (a syntax error inside a map) read as `?`: say where.
+        let known = path
+            .split(".?")
+            .next()
+            .unwrap_or_default()
+            .trim_matches('.')
+            .to_string();
+        let field = match inner.location() {
+            Some(at) if known.is_empty() => format!("line {} column {}", at.line(), at.column()),
+            Some(at) if known != path => format!("{known} (line {} column {})", at.line(), at.column()),
+            _ if known.is_empty() => "config".to_string(),
+            _ => known,
+        };
+        let message = strip_location(&inner.to_string());
+        let message = message
+            .strip_prefix(&format!("{field}: "))
+            .unwrap_or(&message)
+            .to_string();
+        error(field, message)
+    })?;
+    raw.check()
+}
+
+/// serde_norway appends "at line L column C" to messages; the field path says more.
+fn strip_location(message: &str) -> String {
+    match message.find(" at line ") {
+        Some(i) => message[..i].to_string(),
+        None => message.to_string(),
+    }
+}
+
+/// A duration such as `100ms`, `1.5s`, `2min`, `0` ([`sluice::parse_duration`]).
+fn duration(field: &str, text: &str) -> Result<Duration, ConfigError> {
+    sluice::parse_duration(text).map_err(|e| error(field, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_config_is_the_demo() {
+        let s = parse(DEFAULT_CONFIG).unwrap();
+        assert_eq!(s.listen, "127.0.0.1:8080".parse().unwrap());
+        assert_eq!(s.accounts.len(), 9);
+        assert_eq!(s.accounts["bob@example.com"], "1.1/s".parse().unwrap());
+        assert_eq!(s.accounts["ANONYMOUS"], "0.1/s".parse().unwrap());
+        assert_eq!(s.bypass, ["admin@example.com"]);
+        assert!(s.limiter.unknown.is_deny_all());
+        assert!(!s.limiter.fetch_latency.is_zero());
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let cases = [
+            ("accounts:\n  alice: 1/x\n", "accounts.alice"),
+            ("acounts: {}\n", "acounts"),
+            ("accounts: {a: 1/s\nlisten: x\n", "accounts (line 2 column 7)"),
+            ("[1, 2]\n", "line 1 column 1"),
+            ("accounts: [1/s]\n", "accounts"),
+            ("key:\n  from: [cookie]\n", "key.from[0]"),
+            ("key:\n  frm: []\n", "key.frm"),
+            ("capacity: lots\n", "capacity"),
+            ("capacity: 1000000000000\n", "capacity"),
+            ("fetch_latency: soon\n", "fetch_latency"),
+            ("trusted_proxies: [10.0.0.0/99]\n", "trusted_proxies[0]"),
+            ("costs:\n  - {path: api, cost: 2}\n", "costs[0].path"),
+            ("algorithm: magic\n", "algorithm"),
+            ("listen: here\n", "listen"),
+            ("idle_timeout: 0s\n", "idle_timeout"),
+            ("redis:\n  policy: retry\n", "redis.policy"),
+            ("redis:\n  url: http://x\n", "redis.url"),
+            ("redis:\n  hosts: 0\n", "redis.hosts"),
+            ("redis:\n  timeout: 0s\n", "redis.timeout"),
+            ("redis:\n  db: 1\n", "redis.db"),
+            ("algorithm: leaky_bucket\nredis: {}\n", "redis"),
+        ];
+        for (text, field) in cases {
+            let e = parse(text).unwrap_err();
+            assert_eq!(e.field, field, "{text:?} gave {e}");
+        }
+    }
+
+    #[test]
+    fn the_redis_section_and_the_flag() {
+        let s = parse(
+            "redis:\n  url: redis://127.0.0.1:6390\n  policy: fail_closed\n  hosts: 3\n  timeout: 20ms\n",
+        )
+        .unwrap();
+        let redis = s.limiter.redis.clone().unwrap();
+        assert_eq!(redis.url.as_deref(), Some("redis://127.0.0.1:6390"));
+        assert_eq!(redis.policy, sluice_redis::FailurePolicy::FailClosed);
+        assert_eq!((redis.hosts, redis.timeout), (3, Duration::from_millis(20)));
+        let s = with_redis_url(s, "redis://10.0.0.1").unwrap();
+        assert_eq!(s.limiter.redis.unwrap().url.as_deref(), Some("redis://10.0.0.1"));
+        assert!(parse(DEFAULT_CONFIG).unwrap().limiter.redis.is_none());
+        let e = with_redis_url(parse("").unwrap(), "localhost:6379").unwrap_err();
+        assert_eq!(e.field, "--redis");
+    }
+
+    #[test]
+    fn a_redis_cluster_by_its_nodes() {
+        let s = parse("redis:\n  cluster: [redis://10.0.0.1:7000, redis://10.0.0.2:7000]\n").unwrap();
+        let redis = s.limiter.redis.clone().unwrap();
+        assert_eq!(redis.cluster, ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]);
+        assert_eq!(redis.url, None);
+        // `--redis` names one server, which is then used instead.
+        let redis = with_redis_url(s, "redis://10.0.0.3")
+            .unwrap()
+            .limiter
+            .redis
+            .unwrap();
+        assert_eq!(
+            (redis.url.as_deref(), redis.cluster.len()),
+            (Some("redis://10.0.0.3"), 0)
+        );
+        let e = parse("redis:\n  cluster: [redis://10.0.0.1:7000, 10.0.0.2:7000]\n").unwrap_err();
+        assert_eq!(e.field, "redis.cluster[1]");
+        assert!(e.message.contains("invalid Redis URL \"10.0.0.2:7000\""), "{e}");
+        let e = parse("redis:\n  url: redis://10.0.0.1\n  cluster: [redis://10.0.0.2:7000]\n").unwrap_err();
+        assert_eq!(e.field, "redis.cluster");
+        assert!(e.message.contains("not both"), "{e}");
+    }
+
+    #[test]
+    fn the_commented_redis_example_is_valid() {
+        let start = DEFAULT_CONFIG.find("# redis:").unwrap();
+        let example: String = DEFAULT_CONFIG[start..]
+            .lines()
+            .map(|line| format!("{}\n", line.strip_prefix("# ").unwrap_or(line)))
+            .collect();
+        let s = parse(&format!("{}{example}", &DEFAULT_CONFIG[..start])).unwrap();
+        assert_eq!(
+            s.limiter.redis,
+            Some(RedisSettings {
+                url: Some("redis://127.0.0.1:6379".into()),
+                cluster: Vec::new(),
+                ..RedisSettings::default()
+            })
+        );
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(duration("f", "100ms").unwrap(), Duration::from_millis(100));
+        assert_eq!(duration("f", "1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(duration("f", "0").unwrap(), Duration::ZERO);
+        assert!(duration("f", "5").is_err());
+        assert!(duration("f", "-1s").is_err());
+    }
+
+    #[test]
+    fn a_global_burst_applies_to_quotas_without_their_own() {
+        let s = parse("burst: 5\naccounts:\n  a: 1/s\n  b: 1/s burst 2\n").unwrap();
+        assert_eq!(s.accounts["a"].capacity(), 5);
+        assert_eq!(s.accounts["b"].capacity(), 2);
+    }
+}

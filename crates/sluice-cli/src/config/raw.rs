@@ -1,0 +1,91 @@
+//! The file as written: serde types, every field optional. A field left out is `None` where
+//! the library has a default of its own, which then applies; see `default.yaml` for each
+//! field's meaning.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawConfig {
+    pub listen: String,
+    pub idle_timeout: String,
+    pub key: RawKey,
+    pub trusted_proxies: Vec<String>,
+    pub algorithm: String,
+    pub burst: Option<u64>,
+    pub failsafe: String,
+    pub unknown: String,
+    pub fetch_latency: String,
+    pub refresh: String,
+    /// [`sluice::DEFAULT_CAPACITY`] when left out.
+    pub capacity: Option<usize>,
+    pub headers: bool,
+    pub bypass: Vec<String>,
+    pub accounts: BTreeMap<String, String>,
+    pub costs: Vec<RawCost>,
+    pub redis: Option<RawRedis>,
+}
+
+impl Default for RawConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8080".into(),
+            idle_timeout: "30s".into(),
+            key: RawKey::default(),
+            trusted_proxies: Vec::new(),
+            algorithm: "token_bucket".into(),
+            burst: None,
+            failsafe: "10/s".into(),
+            unknown: "0/s".into(),
+            fetch_latency: "0s".into(),
+            refresh: "10s".into(),
+            capacity: None,
+            headers: true,
+            bypass: Vec::new(),
+            accounts: BTreeMap::new(),
+            costs: Vec::new(),
+            redis: None,
+        }
+    }
+}
+
+/// The `redis:` section; a field left out takes its value from `RedisSettings::default()`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawRedis {
+    pub url: Option<String>,
+    pub cluster: Vec<String>,
+    pub policy: Option<String>,
+    pub hosts: Option<u64>,
+    pub timeout: Option<String>,
+    pub prefix: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawKey {
+    pub from: Vec<String>,
+    pub default: String,
+    pub max_length: usize,
+}
+
+impl Default for RawKey {
+    fn default() -> Self {
+        Self {
+            from: vec!["header:X-Account-ID".into()],
+            default: "ANONYMOUS".into(),
+            max_length: 256,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCost {
+    pub path: String,
+    #[serde(default)]
+    pub method: Option<String>,
+    pub cost: u64,
+}

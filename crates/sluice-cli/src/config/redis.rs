@@ -1,0 +1,114 @@
+//! The `redis:` section and `--redis URL`.
+
+use std::time::Duration;
+
+use sluice::AlgorithmKind;
+use sluice_redis::{FailurePolicy, UnsupportedAlgorithm};
+
+use super::raw::RawRedis;
+use super::{ConfigError, Settings, duration, error};
+
+/// Limits shared through Redis (the `redis:` section, or `--redis URL`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisSettings {
+    /// Where Redis is (`None` until `--redis` gives it, or when `cluster` does).
+    pub url: Option<String>,
+    /// The nodes of a Redis Cluster to use instead (any of them leads to the rest; empty: a
+    /// single server at `url`).
+    pub cluster: Vec<String>,
+    /// The answer while Redis does not answer.
+    pub policy: FailurePolicy,
+    /// How many servers share the limits (the local share is `quota / hosts`).
+    pub hosts: u64,
+    /// The longest a check waits for Redis.
+    pub timeout: Duration,
+    /// The prefix of every Redis key.
+    pub prefix: String,
+}
+
+impl Default for RedisSettings {
+    fn default() -> Self {
+        Self {
+            url: None,
+            cluster: Vec::new(),
+            policy: FailurePolicy::default(),
+            hosts: 1,
+            timeout: sluice_redis::DEFAULT_TIMEOUT,
+            prefix: "sluice".into(),
+        }
+    }
+}
+
+/// Sets (or overrides) the Redis URL, as `--redis URL` does: that one server is used, even
+/// where the config names a cluster.
+pub fn with_redis_url(mut settings: Settings, url: &str) -> Result<Settings, ConfigError> {
+    check_url("--redis", url)?;
+    check_algorithm("--redis", settings.limiter.algorithm)?;
+    let redis = settings.limiter.redis.get_or_insert_with(RedisSettings::default);
+    redis.url = Some(url.to_string());
+    redis.cluster.clear();
+    Ok(settings)
+}
+
+fn check_url(field: &str, url: &str) -> Result<(), ConfigError> {
+    let schemes = ["redis://", "unix://", "redis+unix://"];
+    if schemes.iter().any(|scheme| url.starts_with(scheme)) {
+        Ok(())
+    } else {
+        Err(error(
+            field,
+            format!("invalid Redis URL {url:?}: expected redis://HOST[:PORT][/DB] or unix://PATH"),
+        ))
+    }
+}
+
+fn check_algorithm(field: &str, algorithm: AlgorithmKind) -> Result<(), ConfigError> {
+    UnsupportedAlgorithm::check(algorithm).map_err(|e| error(field, e))
+}
+
+impl RawRedis {
+    /// The section checked, for a limiter running `algorithm`.
+    pub(super) fn check(self, algorithm: AlgorithmKind) -> Result<RedisSettings, ConfigError> {
+        if let Some(url) = &self.url {
+            check_url("redis.url", url)?;
+        }
+        for (i, url) in self.cluster.iter().enumerate() {
+            check_url(&format!("redis.cluster[{i}]"), url)?;
+        }
+        if self.url.is_some() && !self.cluster.is_empty() {
+            return Err(error(
+                "redis.cluster",
+                "give either redis.url (one server) or redis.cluster (a cluster's nodes), not both",
+            ));
+        }
+        check_algorithm("redis", algorithm)?;
+        let defaults = RedisSettings::default();
+        let policy = match &self.policy {
+            Some(name) => name.parse().map_err(|e| error("redis.policy", e))?,
+            None => defaults.policy,
+        };
+        let hosts = self.hosts.unwrap_or(defaults.hosts);
+        if hosts == 0 {
+            return Err(error("redis.hosts", "must be at least 1"));
+        }
+        let timeout = match &self.timeout {
+            Some(text) => duration("redis.timeout", text)?,
+            None => defaults.timeout,
+        };
+        if timeout.is_zero() {
+            return Err(error("redis.timeout", "must be longer than 0"));
+        }
+        let prefix = self.prefix.unwrap_or(defaults.prefix);
+        if prefix.is_empty() {
+            return Err(error("redis.prefix", "must not be empty"));
+        }
+        Ok(RedisSettings {
+            url: self.url,
+            cluster: self.cluster,
+            policy,
+            hosts,
+            timeout,
+            prefix,
+        })
+    }
+}
