@@ -1,12 +1,12 @@
 //! A single limit shared by many threads: the direct limiter.
 
+#[cfg(all(test, loom))]
+mod loom_tests;
 mod refund;
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicPtr, Ordering};
-
 use crate::stable::StableBox;
-use crate::sync::lock;
+use crate::sync::atomic::{AtomicPtr, Ordering};
+use crate::sync::{Mutex, lock};
 use crate::{Algorithm, CheckError, Clock, Decision, MonotonicClock, Quota, QuotaError};
 
 /// One limit (not keyed), checked lock-free from any number of threads.
