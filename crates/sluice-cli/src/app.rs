@@ -145,7 +145,10 @@ impl App {
     }
 }
 
-fn build_limiter(settings: &LimiterSettings, accounts: Accounts) -> Result<Arc<dyn LimitBackend>, QuotaError> {
+fn build_limiter(
+    settings: &LimiterSettings,
+    accounts: Accounts,
+) -> Result<Arc<dyn LimitBackend>, QuotaError> {
     /// The in-memory limiter of any algorithm.
     struct InMemory<'a>(&'a LimiterSettings, Accounts);
     impl AlgorithmVisitor for InMemory<'_> {
@@ -176,7 +179,8 @@ enum RedisBackendError {
     Redis(sluice_redis::Error),
 }
 
-type Building<'a> = Pin<Box<dyn Future<Output = Result<Arc<dyn LimitBackend>, RedisBackendError>> + Send + 'a>>;
+type Building<'a> =
+    Pin<Box<dyn Future<Output = Result<Arc<dyn LimitBackend>, RedisBackendError>> + Send + 'a>>;
 
 /// The Redis limiter of a scripted algorithm.
 struct OnRedis<'a> {
@@ -205,9 +209,8 @@ async fn build_redis_backend(
     match sluice_redis::visit_scripted(settings.algorithm, on_redis) {
         Ok(building) => building.await,
         // Refused when the config is checked; kept in memory should a caller skip the check.
-        Err(_) => {
-            build_limiter(settings, accounts).map_err(|e| RedisBackendError::Redis(sluice_redis::Error::Quota(e)))
-        }
+        Err(_) => build_limiter(settings, accounts)
+            .map_err(|e| RedisBackendError::Redis(sluice_redis::Error::Quota(e))),
     }
 }
 

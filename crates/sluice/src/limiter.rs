@@ -1,14 +1,14 @@
 //! A single limit shared by many threads: the direct limiter.
 
+#[cfg(all(test, loom))]
+mod loom_tests;
 mod refund;
-
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicPtr, Ordering};
 
 use crate::algorithm::succeed;
 use crate::chain::Receipt;
 use crate::stable::StableBox;
-use crate::sync::lock;
+use crate::sync::atomic::{AtomicPtr, Ordering};
+use crate::sync::{Mutex, lock};
 use crate::{Algorithm, CheckError, Clock, Decision, MonotonicClock, Quota, QuotaError};
 
 /// One limit (not keyed), checked lock-free from any number of threads.
@@ -148,6 +148,8 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
                 let tag = std::ptr::from_ref(limit) as usize as u64;
                 return result.map(|decision| (decision, Receipt::new(since_epoch, tag)));
             }
+            // The state was retired: its successor is being published.
+            crate::sync::spin_loop();
         }
     }
 

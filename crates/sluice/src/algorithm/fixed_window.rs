@@ -1,6 +1,6 @@
 //! The fixed window counter, in one atomic word.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::atomic::{AtomicU64, Ordering};
 
 use super::word::{self, Step};
 use super::{Algorithm, RETIRED, SCALED_LIMIT};

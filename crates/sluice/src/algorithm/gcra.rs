@@ -6,10 +6,9 @@
 //! A check computes the new TAT and installs it with one compare-and-swap; a denial writes
 //! nothing.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use super::word::{self, Step};
 use super::{RETIRED, SCALED_LIMIT};
+use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::{Decision, Quota, QuotaError};
 
 /// Constants of one GCRA limit.

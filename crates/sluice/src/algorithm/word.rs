@@ -1,9 +1,8 @@
 //! The compare-and-swap loop of the single-word algorithms, written once: each algorithm
 //! gives a pure step from the word it read to its answer and the word to write.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use super::RETIRED;
+use crate::sync::atomic::{AtomicU64, Ordering};
 
 /// What a step makes of the word it read.
 pub(crate) enum Step<T> {

@@ -9,18 +9,25 @@
 //! Each live thread holds a slot number, reused after the thread ends. The first slots own a
 //! stripe in every lock: only that thread writes it, so it leaves with a plain store instead
 //! of a locked instruction (one of the three a keyed check makes). Threads past those share
-//! the remaining stripes and count with read-modify-writes.
+//! the remaining stripes and count with read-modify-writes. That plain store is why a read
+//! guard is not `Send`: dropped on another thread, it would write the owned stripe from a
+//! thread that does not own it, and could erase the owner's own count.
 //!
 //! The protocol is Dekker's: a reader increments its stripe and then reads the flag; a writer
 //! sets the flag and then reads every stripe; all four operations are sequentially consistent,
-//! so at least one side sees the other and they never both proceed.
+//! so at least one side sees the other and they never both proceed (`seq_cst_handshake`
+//! marks the two places for the model checker, see `crate::sync`).
+//!
+//! `loom_tests` below model-checks the protocol (see `crate::sync`).
 
-use std::cell::UnsafeCell;
+use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use crate::sync::lock;
+use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use crate::sync::{
+    ConstPtr, MutPtr, UnsafeCell, lock, seq_cst_handshake, spin_loop, thread_local, yield_now,
+};
 
 /// One reader count on a cache line of its own (128 bytes: adjacent-line prefetch pairs lines).
 #[repr(align(128))]
@@ -45,16 +52,16 @@ unsafe impl<T: Send + Sync> Sync for StripedRwLock<T> {}
 /// Spins briefly, then yields the core: critical sections here are short.
 fn backoff(round: &mut u32) {
     if *round < 64 {
-        std::hint::spin_loop();
+        spin_loop();
         *round += 1;
     } else {
-        std::thread::yield_now();
+        yield_now();
     }
 }
 
 /// Slots given back by ended threads, handed out again lowest first.
 static FREE_SLOTS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
-static NEXT_SLOT: AtomicUsize = AtomicUsize::new(0);
+static NEXT_SLOT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// A live thread's slot, given back when the thread ends.
 struct Slot(usize);
@@ -69,7 +76,7 @@ impl Slot {
             .map(|(i, _)| i);
         match lowest {
             Some(i) => Slot(free.swap_remove(i)),
-            None => Slot(NEXT_SLOT.fetch_add(1, Ordering::Relaxed)),
+            None => Slot(NEXT_SLOT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)),
         }
     }
 }
@@ -82,6 +89,13 @@ impl Drop for Slot {
 
 thread_local! {
     static SLOT: Slot = Slot::take();
+}
+
+/// This thread's slot; `usize::MAX` (a shared stripe) while the thread's locals are being torn
+/// down.
+#[inline]
+fn this_slot() -> usize {
+    SLOT.try_with(|slot| slot.0).unwrap_or(usize::MAX)
 }
 
 impl<T> StripedRwLock<T> {
@@ -97,11 +111,9 @@ impl<T> StripedRwLock<T> {
         }
     }
 
-    /// This thread's stripe, and whether the thread owns it.
+    /// The stripe of the thread holding `slot`, and whether that thread owns it.
     #[inline]
-    fn stripe(&self) -> (&AtomicUsize, bool) {
-        // No slot while the thread's locals are being torn down: use a shared stripe.
-        let slot = SLOT.try_with(|slot| slot.0).unwrap_or(usize::MAX);
+    fn stripe(&self, slot: usize) -> (&AtomicUsize, bool) {
         if slot < self.owned {
             (&self.stripes[slot].0, true)
         } else {
@@ -112,15 +124,27 @@ impl<T> StripedRwLock<T> {
 
     #[inline]
     pub(crate) fn read(&self) -> ReadGuard<'_, T> {
-        let (stripe, owned) = self.stripe();
+        self.read_as(this_slot())
+    }
+
+    /// [`Self::read`] by the thread holding `slot`. Counting in an owned stripe is sound only
+    /// on the thread whose slot owns it, and the guard stays on that thread (it is not `Send`).
+    #[inline]
+    fn read_as(&self, slot: usize) -> ReadGuard<'_, T> {
+        let (stripe, owned) = self.stripe(slot);
         stripe.fetch_add(1, Ordering::SeqCst);
+        seq_cst_handshake();
         if self.writing.load(Ordering::SeqCst) {
             self.wait_out_writer(stripe, owned);
         }
-        ReadGuard {
-            lock: self,
+        let reader = Reader {
             stripe,
             owned,
+            _not_send: PhantomData,
+        };
+        ReadGuard {
+            value: self.value.get(),
+            _reader: reader,
         }
     }
 
@@ -136,6 +160,7 @@ impl<T> StripedRwLock<T> {
                 backoff(&mut round);
             }
             stripe.fetch_add(1, Ordering::SeqCst);
+            seq_cst_handshake();
             if !self.writing.load(Ordering::SeqCst) {
                 return;
             }
@@ -151,13 +176,18 @@ impl<T> StripedRwLock<T> {
         {
             backoff(&mut round);
         }
+        let writer = Writer(&self.writing);
+        seq_cst_handshake();
         for stripe in &self.stripes {
             let mut round = 0;
             while stripe.0.load(Ordering::SeqCst) != 0 {
                 backoff(&mut round);
             }
         }
-        WriteGuard { lock: self }
+        WriteGuard {
+            value: self.value.get_mut(),
+            _writer: writer,
+        }
     }
 
     /// Bytes this lock holds on the heap (its stripes).
@@ -166,65 +196,111 @@ impl<T> StripedRwLock<T> {
     }
 }
 
-/// Uncounts a reader from its stripe.
+/// Uncounts a reader from its stripe. An owned stripe may be left only by the thread whose
+/// slot owns it.
 #[inline]
 fn leave(stripe: &AtomicUsize, owned: bool) {
     if owned {
-        // Only this thread writes an owned stripe, so nothing can come between the load and
-        // the store; the store releases the reader's reads to the writer that sees it.
+        // Only the owning thread writes an owned stripe (`read_as`, and `Reader` is not
+        // `Send`), so nothing can come between the load and the store; the store releases
+        // the reader's reads to the writer that sees it.
         stripe.store(stripe.load(Ordering::Relaxed) - 1, Ordering::Release);
     } else {
         stripe.fetch_sub(1, Ordering::Release);
     }
 }
 
+/// Shared access to the value, counted in a stripe until dropped. Neither `Send` nor `Sync`:
+/// see [`Reader`].
 pub(crate) struct ReadGuard<'a, T> {
-    lock: &'a StripedRwLock<T>,
+    /// Declared (so dropped) before `_reader`: the access ends before the reader is uncounted.
+    value: ConstPtr<T>,
+    _reader: Reader<'a>,
+}
+
+/// A reader counted in a stripe, uncounted on drop.
+///
+/// Not `Send` (nor `Sync`), through the raw-pointer marker: leaving an owned stripe is a plain
+/// load and store, sound only because no thread but the owner ever writes that stripe. A
+/// reader dropped on another thread would do that load and store beside the owner's own
+/// increments; an increment falling between them is lost, the stripe then reads zero while
+/// the owner is inside, and a writer proceeds beside it.
+struct Reader<'a> {
     stripe: &'a AtomicUsize,
     owned: bool,
+    _not_send: PhantomData<*const ()>,
 }
 
-impl<T> Deref for ReadGuard<'_, T> {
-    type Target = T;
-
-    #[inline]
-    fn deref(&self) -> &T {
-        // SAFETY: a reader is counted in a stripe and saw no writer, so no writer proceeds
-        // until this guard drops (see the module comment).
-        unsafe { &*self.lock.value.get() }
-    }
-}
-
-impl<T> Drop for ReadGuard<'_, T> {
+impl Drop for Reader<'_> {
     #[inline]
     fn drop(&mut self) {
         leave(self.stripe, self.owned);
     }
 }
 
+// `ReadGuard` must stay `!Send` (see `Reader`): this fails to compile if it were `Send`,
+// because the call below would then match both impls.
+const _: fn() = || {
+    trait AmbiguousIfSend<A> {
+        fn check() {}
+    }
+    impl<T: ?Sized> AmbiguousIfSend<()> for T {}
+    struct IsSend;
+    impl<T: ?Sized + Send> AmbiguousIfSend<IsSend> for T {}
+    <ReadGuard<'static, u64> as AmbiguousIfSend<_>>::check();
+};
+
+impl<T> Deref for ReadGuard<'_, T> {
+    type Target = T;
+
+    #[inline]
+    fn deref(&self) -> &T {
+        // SAFETY: the reader is counted in a stripe and saw no writer, so no writer proceeds
+        // until this guard drops (see the module comment), and the guard, which borrows the
+        // lock, cannot outlive the value.
+        unsafe { self.value.deref() }
+    }
+}
+
+/// Exclusive access to the value; clears the writer flag on drop.
 pub(crate) struct WriteGuard<'a, T> {
-    lock: &'a StripedRwLock<T>,
+    /// Declared (so dropped) before `_writer`: the access ends before the flag is cleared.
+    value: MutPtr<T>,
+    _writer: Writer<'a>,
+}
+
+// SAFETY: unlike a reader's stripe, the writer flag is cleared by one atomic store, correct
+// from any thread; while it lives the guard is exclusive access to `T`, like a `&mut T` beside
+// a `&StripedRwLock<T>`, hence the bounds the guard had before it held a pointer.
+unsafe impl<T: Send + Sync> Send for WriteGuard<'_, T> {}
+// SAFETY: as for `Send`; through `&WriteGuard` only `&T` is reachable.
+unsafe impl<T: Send + Sync> Sync for WriteGuard<'_, T> {}
+
+/// The held writer flag, cleared on drop.
+struct Writer<'a>(&'a AtomicBool);
+
+impl Drop for Writer<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 impl<T> Deref for WriteGuard<'_, T> {
     type Target = T;
 
     fn deref(&self) -> &T {
-        // SAFETY: the writer flag is set and every stripe drained: no reader is inside.
-        unsafe { &*self.lock.value.get() }
+        // SAFETY: the writer flag is set and every stripe drained: no reader is inside, and
+        // readers that come meanwhile wait (see the module comment). A shared reference is
+        // made straight from the pointer, so several may coexist.
+        self.value.with(|value| unsafe { &*value })
     }
 }
 
 impl<T> DerefMut for WriteGuard<'_, T> {
     fn deref_mut(&mut self) -> &mut T {
-        // SAFETY: as for `deref`, and only one writer holds the flag.
-        unsafe { &mut *self.lock.value.get() }
-    }
-}
-
-impl<T> Drop for WriteGuard<'_, T> {
-    fn drop(&mut self) {
-        self.lock.writing.store(false, Ordering::Release);
+        // SAFETY: as for `deref`, and only one writer holds the flag; `&mut self` keeps every
+        // other reference from this guard dead meanwhile.
+        unsafe { self.value.deref() }
     }
 }
 
@@ -298,5 +374,196 @@ mod tests {
         assert_ne!(slot(), held);
         done_tx.send(()).unwrap();
         hold.join().unwrap();
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    //! The protocol under loom, which runs each test's threads in every interleaving (up to
+    //! its preemption bound) and fails on any access to the value that a reader and the writer
+    //! make at once or without happening-before between them.
+    //!
+    //! Each test has two threads, so that at most one of them ever spins waiting for the
+    //! other: loom's scheduler may otherwise alternate forever between two threads that both
+    //! spin on a third, and report the exploration as too long.
+
+    use super::*;
+    use crate::sync::{model, model_failure};
+    use loom::sync::Arc;
+    use loom::thread;
+
+    /// A lock whose slot 0 owns a stripe and whose other slots share the one left.
+    fn owned_and_shared() -> Arc<StripedRwLock<(u64, u64)>> {
+        Arc::new(StripedRwLock::new((0, 0), 1, 1))
+    }
+
+    fn all_drained<T>(lock: &StripedRwLock<T>) -> bool {
+        lock.stripes.iter().all(|s| s.0.load(Ordering::SeqCst) == 0)
+    }
+
+    /// The writer keeps both fields equal; a reader that saw them differ saw a half-done write.
+    fn write_once(lock: &StripedRwLock<(u64, u64)>) {
+        let mut guard = lock.write();
+        guard.0 += 1;
+        guard.1 += 1;
+    }
+
+    fn read_whole(lock: &StripedRwLock<(u64, u64)>, slot: usize) -> u64 {
+        let guard = lock.read_as(slot);
+        assert_eq!(guard.0, guard.1, "a reader saw a half-done write");
+        guard.0
+    }
+
+    /// A reader on an owned stripe (left with a plain store) and, separately, one on a shared
+    /// stripe (left with a read-modify-write) race a writer: the reader sees the value before
+    /// or after the write, never during it, and nothing stays counted.
+    #[test]
+    fn loom_a_reader_on_an_owned_or_a_shared_stripe_excludes_a_writer() {
+        for slot in [0, 1] {
+            model(move || {
+                let lock = owned_and_shared();
+                let writer = {
+                    let lock = Arc::clone(&lock);
+                    thread::spawn(move || write_once(&lock))
+                };
+                assert!(read_whole(&lock, slot) <= 1);
+                writer.join().unwrap();
+                assert!(all_drained(&lock));
+                assert_eq!(*lock.read_as(slot), (1, 1));
+            });
+        }
+    }
+
+    /// Two readers, one on the owned stripe and one on the shared stripe, interleave with two
+    /// writes made by the second reader's thread: every read sees a whole value.
+    #[test]
+    fn loom_owned_and_shared_readers_interleave_with_writes() {
+        model(|| {
+            let lock = owned_and_shared();
+            let other = {
+                let lock = Arc::clone(&lock);
+                thread::spawn(move || {
+                    write_once(&lock);
+                    let seen = read_whole(&lock, 1);
+                    write_once(&lock);
+                    seen
+                })
+            };
+            let seen = read_whole(&lock, 0);
+            assert!(seen <= 2);
+            assert!((1..=2).contains(&other.join().unwrap()));
+            assert!(all_drained(&lock));
+            assert_eq!(*lock.read_as(0), (2, 2));
+        });
+    }
+
+    /// A reader that arrives while a writer holds the lock steps back (`wait_out_writer`),
+    /// and is let in only once the write is whole, including when a second write comes
+    /// before it is in. The reader takes its slot from the thread-local like every reader.
+    #[test]
+    fn loom_a_reader_meeting_a_writer_waits_it_out() {
+        model(|| {
+            // Every slot on the one shared stripe, so whichever slot the thread gets counts.
+            let lock = Arc::new(StripedRwLock::new((0u64, 0u64), 0, 1));
+            let mut guard = lock.write();
+            let reader = {
+                let lock = Arc::clone(&lock);
+                thread::spawn(move || {
+                    let guard = lock.read();
+                    assert_eq!(guard.0, guard.1, "a reader saw a half-done write");
+                    guard.0
+                })
+            };
+            guard.0 += 1;
+            guard.1 += 1;
+            drop(guard);
+            write_once(&lock);
+            let seen = reader.join().unwrap();
+            assert!(
+                seen == 1 || seen == 2,
+                "the reader got in before the first write ended"
+            );
+            assert!(all_drained(&lock));
+        });
+    }
+
+    /// Whether loom's failure is a reader and a writer in the value at once.
+    fn is_overlap(failure: &str) -> bool {
+        failure.contains("currently reading from cell")
+            || failure.contains("currently writing to cell")
+            || failure.contains("Concurrent read and write accesses")
+    }
+
+    /// The writer's protocol tried once, without waiting: takes the flag and, if every
+    /// stripe then reads 0, writes. The tests of a broken rule below use it so that a stripe
+    /// the break leaves counted forever fails the write instead of spinning it forever.
+    fn try_write_once(lock: &StripedRwLock<(u64, u64)>) {
+        if lock
+            .writing
+            .compare_exchange(false, true, Ordering::SeqCst, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        let _writer = Writer(&lock.writing);
+        seq_cst_handshake();
+        if lock.stripes.iter().all(|s| s.0.load(Ordering::SeqCst) == 0) {
+            let value = lock.value.get_mut();
+            // SAFETY: as in `write`: the flag is held and every stripe read 0.
+            let value = unsafe { value.deref() };
+            value.0 += 1;
+            value.1 += 1;
+        }
+    }
+
+    /// Lets a read guard cross threads, which its type forbids.
+    struct ForceSend<T>(T);
+    // SAFETY: it is not; this wrapper exists to show what `ReadGuard: !Send` prevents.
+    unsafe impl<T> Send for ForceSend<T> {}
+
+    /// The rule a read guard's `!Send` enforces, broken: the owner of stripe 0 hands a guard
+    /// to another thread, which leaves the owned stripe with its plain load and store while
+    /// the owner counts a second read. The owner's count can fall between that load and store
+    /// and be lost, and loom finds the other thread's write then getting in beside the
+    /// owner's read.
+    #[test]
+    fn loom_catches_a_read_guard_dropped_on_another_thread() {
+        let failure = model_failure(|| {
+            // Leaked, so that a guard borrowing it can be sent to another thread.
+            let lock: &'static StripedRwLock<(u64, u64)> =
+                Box::leak(Box::new(StripedRwLock::new((0, 0), 1, 1)));
+            let moved = ForceSend(lock.read_as(0));
+            let other = thread::spawn(move || {
+                drop(moved);
+                try_write_once(lock);
+            });
+            read_whole(lock, 0);
+            other.join().unwrap();
+        });
+        assert!(is_overlap(&failure), "loom failed otherwise: {failure}");
+    }
+
+    /// The same lost update from two threads that both count in one owned stripe (as two live
+    /// threads holding one slot would): a write gets in beside a read. The same two threads on
+    /// the shared stripe, which is left with a read-modify-write, pass.
+    #[test]
+    fn loom_catches_an_owned_stripe_shared_by_two_threads() {
+        let two_readers_then_a_write = |slot| {
+            move || {
+                let lock = owned_and_shared();
+                let other = {
+                    let lock = Arc::clone(&lock);
+                    thread::spawn(move || {
+                        read_whole(&lock, slot);
+                        try_write_once(&lock);
+                    })
+                };
+                read_whole(&lock, slot);
+                other.join().unwrap();
+            }
+        };
+        let failure = model_failure(two_readers_then_a_write(0));
+        assert!(is_overlap(&failure), "loom failed otherwise: {failure}");
+        model(two_readers_then_a_write(1));
     }
 }
