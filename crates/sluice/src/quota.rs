@@ -279,7 +279,7 @@ impl fmt::Display for Quota {
         let (size, unit) = UNITS
             .iter()
             .copied()
-            .find(|(size, _)| self.period_ns % size == 0)
+            .find(|(size, _)| self.period_ns.is_multiple_of(*size))
             .unwrap_or((1, "ns"));
         let multiple = self.period_ns / size;
         if multiple == 1 {

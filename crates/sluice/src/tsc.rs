@@ -55,10 +55,17 @@ struct Origin {
 fn origin() -> &'static Origin {
     static ORIGIN: OnceLock<Origin> = OnceLock::new();
     ORIGIN.get_or_init(|| {
-        let usable = counter_usable();
-        Origin {
-            ticks: usable.then(read_counter),
-            instant: Instant::now(),
+        if counter_usable() {
+            let (instant, ticks) = paired_reading();
+            Origin {
+                instant,
+                ticks: Some(ticks),
+            }
+        } else {
+            Origin {
+                instant: Instant::now(),
+                ticks: None,
+            }
         }
     })
 }
@@ -99,7 +106,8 @@ fn unsettled_now() -> u64 {
     }
     SOURCE
         .get_or_init(|| {
-            let (anchor_nanos, anchor_ticks) = paired_reading(origin.instant);
+            let (anchor, anchor_ticks) = paired_reading();
+            let anchor_nanos = nanos_between(origin.instant, anchor);
             let ticks = anchor_ticks.saturating_sub(start_ticks);
             // A counter that did not move (or a rate beyond 2^32 ns per tick) is not a clock.
             match ((u128::from(anchor_nanos) << 32) / u128::from(ticks.max(1))).try_into() {
@@ -114,17 +122,18 @@ fn unsettled_now() -> u64 {
         .read()
 }
 
-/// An `Instant` reading (as nanoseconds since `origin`) and the counter at the same moment:
-/// the counter read either side of the `Instant`, the tightest of a few tries, midpoint.
-fn paired_reading(origin: Instant) -> (u64, u64) {
-    let mut best = (u64::MAX, 0, 0);
+/// An `Instant` and the counter at the same moment: the counter read either side of the
+/// `Instant`, the tightest of several tries, midpoint. A try the thread was preempted in is
+/// wide, so it is not the one chosen: both ends of the calibration are paired this way.
+fn paired_reading() -> (Instant, u64) {
+    let mut best = (u64::MAX, Instant::now(), 0);
     for _ in 0..16 {
         let before = read_counter();
-        let nanos = instant_nanos(origin);
+        let instant = Instant::now();
         let after = read_counter();
         let width = after.wrapping_sub(before);
         if width < best.0 {
-            best = (width, nanos, before + width / 2);
+            best = (width, instant, before + width / 2);
         }
     }
     (best.1, best.2)
@@ -132,7 +141,12 @@ fn paired_reading(origin: Instant) -> (u64, u64) {
 
 /// Nanoseconds from `origin` to now, saturating (at 584 years).
 fn instant_nanos(origin: Instant) -> u64 {
-    let elapsed = Instant::now().saturating_duration_since(origin);
+    nanos_between(origin, Instant::now())
+}
+
+/// Nanoseconds from `earlier` to `later` (0 if `later` is earlier), saturating.
+fn nanos_between(earlier: Instant, later: Instant) -> u64 {
+    let elapsed = later.saturating_duration_since(earlier);
     // u64 arithmetic: cheaper than `as_nanos`' u128.
     elapsed
         .as_secs()

@@ -45,10 +45,10 @@ async fn wait_turn<H: Host>(
     let mut deadline_timer = pin!(deadline.map(sleep_until));
     let mut nap: Pin<&mut Sleep> = pin!(sleep_until(start));
     poll_fn(|cx| {
-        if let Some(timer) = deadline_timer.as_mut().as_pin_mut() {
-            if timer.poll(cx).is_ready() {
-                return Poll::Ready(Err(timed_out(cost, waited, None)));
-            }
+        if let Some(timer) = deadline_timer.as_mut().as_pin_mut()
+            && timer.poll(cx).is_ready()
+        {
+            return Poll::Ready(Err(timed_out(cost, waited, None)));
         }
         // Every poll steps: a waiter is polled only when woken (by the queue or a timer).
         loop {
