@@ -23,7 +23,7 @@ listening_url() { # stdout_file stderr_file [tries]
 }
 
 # Writes the benchmarks' sluice config to FILE: the demo's bypass (admin@example.com), alice at
-# 1/s as in the seed's run, and an account whose quota no run reaches (bench@example.com).
+# 1/s as in the demo's wrk run, and an account whose quota no run reaches (bench@example.com).
 write_bench_config() { # file
   cat > "$1" <<'YAML'
 fetch_latency: 0s

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# HTTP throughput of `sluice serve` against nginx, all on 127.0.0.1, with seed 000's wrk run
+# HTTP throughput of `sluice serve` against nginx, all on 127.0.0.1, with the demo's wrk run
 # (wrk -t1 -c100 -d10s). One run measures, in interleaved rounds:
 #   sluice limited, admitted   a limited account whose quota is never reached (every answer 200,
 #                              with the rate-limit fields)
 #   ... admitted, no fields    the same on a second sluice with `headers: false` (the limiter's
 #                              own cost, without the fields' cost)
-#   sluice limited, denied     alice@example.com at 1/s, as in the seed's run (nearly every answer 429)
+#   sluice limited, denied     alice@example.com at 1/s, as in the demo's wrk run (nearly every answer 429)
 #   sluice bypass (control)    admin@example.com: the same server, the limiter skipped
 #   nginx limit_req            limit_req keyed by X-Account-ID at 1r/s (nearly every answer 429)
 #   nginx no limit             the same nginx, no limit_req

@@ -37,6 +37,7 @@ mod concurrency;
 mod error;
 mod hybrid;
 mod limiter;
+mod metrics;
 mod policy;
 mod script;
 mod source;
@@ -47,6 +48,7 @@ pub use algorithm::{RedisAlgorithm, RedisAlgorithmVisitor, UnsupportedAlgorithm,
 pub use concurrency::{RedisConcurrencyLimiter, RedisPermit};
 pub use error::Error;
 pub use hybrid::{HybridLimiter, HybridMetrics};
-pub use limiter::{RedisLimit, RedisLimiter, RedisLimiterBuilder, RedisMetrics};
+pub use limiter::{RedisLimit, RedisLimiter, RedisLimiterBuilder};
+pub use metrics::RedisMetrics;
 pub use policy::{FailurePolicy, UnknownPolicy};
 pub use store::{DEFAULT_TIMEOUT, RedisOptions, RedisStore, StoreMetrics};

@@ -11,46 +11,11 @@ use sluice::{
 };
 
 use crate::algorithm::kind_of;
+use crate::metrics::{Counters, RedisMetrics};
 use crate::script::{Kind, Plan};
 use crate::source::{Share, SharedSource, share};
 use crate::store::CallError;
-use crate::{Error, FailurePolicy, RedisAlgorithm, RedisOptions, RedisStore, StoreMetrics};
-
-/// Counters of one limiter (plus its store's), readable at any time.
-///
-/// # Example
-/// ```
-/// let m = sluice_redis::RedisMetrics::default();
-/// assert_eq!(m.answered_by_policy(), 0);
-/// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RedisMetrics {
-    /// The connection's counters and degraded flag.
-    pub store: StoreMetrics,
-    /// Checks decided by Redis.
-    pub redis_checks: u64,
-    /// Checks admitted by [`FailurePolicy::FailOpen`].
-    pub failed_open: u64,
-    /// Checks denied by [`FailurePolicy::FailClosed`].
-    pub failed_closed: u64,
-    /// Checks decided by the local share ([`FailurePolicy::LocalShare`]).
-    pub local_share: u64,
-}
-
-impl RedisMetrics {
-    /// Checks answered by the failure policy instead of Redis.
-    pub const fn answered_by_policy(&self) -> u64 {
-        self.failed_open + self.failed_closed + self.local_share
-    }
-}
-
-#[derive(Default)]
-struct Counters {
-    redis_checks: AtomicU64,
-    failed_open: AtomicU64,
-    failed_closed: AtomicU64,
-    local_share: AtomicU64,
-}
+use crate::{Error, FailurePolicy, RedisAlgorithm, RedisOptions, RedisStore};
 
 /// Builds a [`RedisLimiter`]: algorithm, quotas, failure policy, hosts.
 ///
