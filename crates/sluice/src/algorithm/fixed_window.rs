@@ -85,11 +85,17 @@ impl Algorithm for FixedWindow {
     ) -> Option<Decision> {
         let base = now / params.window * params.limit;
         let until_end = params.until_window_end(now);
-        word::update(&state.0, |total| {
+        // Written out rather than through `word::update`: a closure answering a `Decision`
+        // through `Step` made a denied check twice as slow (`benches/direct.rs`).
+        let mut total = state.0.load(Ordering::Acquire);
+        loop {
+            if total == RETIRED {
+                return None;
+            }
             let used = total.saturating_sub(base);
             let reset = if used == 0 { 0 } else { until_end };
             if used + cost > params.limit {
-                return Step::Answer(Decision::denied(
+                return Some(Decision::denied(
                     params.limit,
                     params.limit - used,
                     reset,
@@ -97,11 +103,24 @@ impl Algorithm for FixedWindow {
                 ));
             }
             if cost == 0 {
-                return Step::Answer(Decision::allowed(params.limit, params.limit - used, reset));
+                return Some(Decision::allowed(params.limit, params.limit - used, reset));
             }
-            let allowed = Decision::allowed(params.limit, params.limit - used - cost, until_end);
-            Step::Write(base + used + cost, allowed)
-        })
+            match state.0.compare_exchange_weak(
+                total,
+                base + used + cost,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    return Some(Decision::allowed(
+                        params.limit,
+                        params.limit - used - cost,
+                        until_end,
+                    ));
+                }
+                Err(current) => total = current,
+            }
+        }
     }
 
     fn retire(&self, state: &FixedWindowState) -> u64 {

@@ -1,5 +1,8 @@
-//! The compare-and-swap loop of the single-word algorithms, written once: each algorithm
-//! gives a pure step from the word it read to its answer and the word to write.
+//! The compare-and-swap loop of the single-word algorithms' refunds, written once: each gives
+//! a pure step from the word it read to its answer and the word to write. The checks keep
+//! their own loops: answering a `Decision` through a closure and `Step` cost a denied check
+//! twice its time (`cargo bench -p sluice --bench direct -- token_bucket`), so the hot path
+//! is written out in `gcra.rs` and `fixed_window.rs`.
 
 use super::RETIRED;
 use crate::sync::atomic::{AtomicU64, Ordering};

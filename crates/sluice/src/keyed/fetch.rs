@@ -104,6 +104,7 @@ where
     C: Clock + 'static,
 {
     /// Whether this check should start a refresh, claiming it (so only one thread does).
+    #[inline]
     pub(super) fn claim_refresh(&self, entry: &Entry<K, A>, seen: u64, now: u64) -> bool {
         if self.source.is_none() || seen & meta::FETCHING != 0 {
             return false;

@@ -233,6 +233,7 @@ where
 }
 
 impl<K, A: Algorithm, S, C> Inner<K, A, S, C> {
+    #[inline]
     pub(crate) fn shard(&self, hash: u64) -> &StripedRwLock<Shard<K, A>> {
         // Shard by a remix of the hash: the table inside uses the hash's own low and top bits.
         let mixed = hash.wrapping_mul(0x9E37_79B9_7F4A_7C15);
