@@ -146,7 +146,7 @@ where
         Q: Hash + Eq + ToOwned + ?Sized,
         Q::Owned: Into<K>,
     {
-        self.check_n_quoted(key, cost).0
+        self.check_key(key, cost, |checked| checked.result)
     }
 
     /// Checks like [`check_n`](Self::check_n) and also says which quota the key was checked
@@ -170,8 +170,7 @@ where
         Q: Hash + Eq + ToOwned + ?Sized,
         Q::Owned: Into<K>,
     {
-        let checked = self.check_key(key, cost);
-        (checked.result, checked.limit.quota)
+        self.check_key(key, cost, |checked| (checked.result, checked.limit.quota))
     }
 
     /// The quota `key` is governed by, counting nothing against it: its own once fetched,
@@ -195,7 +194,7 @@ where
         Q: Hash + Eq + ToOwned + ?Sized,
         Q::Owned: Into<K>,
     {
-        self.check_key(key, 0).limit.quota
+        self.check_key(key, 0, |checked| checked.limit.quota)
     }
 
     /// Counters: entries held, evictions by reason, refusals, fetches and fetch errors.

@@ -24,8 +24,10 @@ where
         Q: Hash + Eq + ToOwned + ?Sized,
         Q::Owned: Into<K>,
     {
-        let checked = self.check_key(key, cost);
-        checked.result.map(|decision| (decision, checked.receipt))
+        self.check_key(key, cost, |checked| {
+            let receipt = checked.receipt;
+            checked.result.map(|decision| (decision, receipt))
+        })
     }
 
     /// Gives back `cost` taken by [`Self::take_n`], if the key still holds the same state.
