@@ -98,7 +98,7 @@ impl ProfileTrial {
 }
 
 fn bucket_for(duration: Duration) -> Duration {
-    let nanos = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+    let nanos = sluice::saturating_nanos(duration);
     Duration::from_nanos((nanos / MAX_BUCKETS).max(1_000_000))
 }
 

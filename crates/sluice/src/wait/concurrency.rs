@@ -28,16 +28,17 @@ use crate::{AcquireError, ConcurrencyLimiter};
 /// ```
 #[derive(Debug, Clone)]
 pub struct WaitingConcurrency {
-    shared: Arc<Shared>,
+    shared: Arc<PermitQueue>,
 }
 
-struct Shared {
+/// The permits, the policy and the queue of waiters, shared by the clones of a waiting limiter.
+struct PermitQueue {
     limiter: ConcurrencyLimiter,
     policy: WaitPolicy,
     queue: CountedQueue,
 }
 
-impl std::fmt::Debug for Shared {
+impl std::fmt::Debug for PermitQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WaitingConcurrency")
             .field("limiter", &self.limiter)
@@ -62,7 +63,7 @@ impl std::fmt::Debug for Shared {
 #[must_use = "the permits are released as soon as the guard is dropped"]
 pub struct QueuedPermit {
     permits: u64,
-    shared: Arc<Shared>,
+    shared: Arc<PermitQueue>,
 }
 
 impl QueuedPermit {
@@ -104,7 +105,7 @@ impl WaitingConcurrency {
     /// ```
     pub fn new(capacity: u64, policy: WaitPolicy) -> Self {
         Self {
-            shared: Arc::new(Shared {
+            shared: Arc::new(PermitQueue {
                 limiter: ConcurrencyLimiter::new(capacity),
                 policy,
                 queue: CountedQueue::default(),
@@ -245,7 +246,7 @@ impl WaitingConcurrency {
     }
 }
 
-impl Host for Shared {
+impl Host for PermitQueue {
     /// The permits taken; the caller wraps them in a guard.
     type Grant = u64;
 
