@@ -328,7 +328,10 @@ fn a_source_handing_out_ever_new_quotas_is_capped_and_reported() {
     {
         let errors = errors.lock().unwrap();
         assert_eq!(limiter.metrics().fetch_errors, errors.len() as u64);
-        assert!((70..=80).contains(&errors.len()), "{} errors", errors.len());
+        // Booked first: the failsafe (7/s) and unknown-key quotas. Keys a-0..=a-1022 bring
+        // 1/s..=1023/s, 7/s among them already booked: 1022 more, 1024 in all. The 77 keys
+        // a-1023..=a-1099 are refused.
+        assert_eq!(errors.len(), 77, "{errors:?}");
         assert!(errors[0].1.contains("distinct quotas"), "{}", errors[0].1);
     }
     // A value already booked still applies to a new key.
@@ -353,4 +356,42 @@ fn a_capacity_beyond_one_shards_index_takes_more_shards() {
     let held = limiter.metrics().entries;
     // The two shards fill unevenly, so a few keys find theirs full.
     assert!(held > 1_190_000, "{held} keys held");
+}
+
+#[test]
+fn a_first_fetch_that_fails_leaves_the_key_on_the_failsafe_quota_and_says_why() {
+    let source = FnSource(|key: &String| {
+        let broken = key == "broken";
+        async move {
+            if broken {
+                Err(FetchError::new("quota store unreachable"))
+            } else {
+                Ok(Some(quota("2/s")))
+            }
+        }
+    });
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&errors);
+    let limiter = KeyedLimiter::builder(TokenBucket, quota("3/s"))
+        .unknown_key_quota(Quota::deny_all())
+        .source(source)
+        .clock(ManualClock::new(0))
+        .on_fetch_error(move |key: &String, e| seen.lock().unwrap().push((key.clone(), e.to_string())))
+        .build()
+        .unwrap();
+    // The failsafe quota governs the key: 3 admitted, then denied; not the unknown-key quota
+    // (which would deny at once), nor a quota from nowhere.
+    for n in 0..3 {
+        assert!(limiter.check("broken").is_allowed(), "check {n}");
+    }
+    assert!(!limiter.check("broken").is_allowed());
+    assert_eq!(limiter.quota_of("broken"), Some(quota("3/s")));
+    assert_eq!(limiter.metrics().fetch_errors, 1);
+    assert_eq!(
+        *errors.lock().unwrap(),
+        [("broken".to_string(), "quota store unreachable".to_string())]
+    );
+    // Another key of the same source is not affected.
+    assert_eq!(limiter.check_n_quoted("fine", 0).1, quota("2/s"));
+    assert_eq!(limiter.metrics().fetch_errors, 1);
 }
