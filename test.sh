@@ -10,6 +10,10 @@ else
   cargo test --workspace --release --no-fail-fast --lib --bins --tests
 fi
 cargo test --workspace --release --doc
+# The benches' own setup assertions, each bench run once (criterion's test mode), and the core
+# without its default features (no tokio).
+cargo test --workspace --release --benches
+cargo build -p sluice --release --no-default-features
 # The core once more in debug, where its debug assertions and overflow checks run.
 if command -v cargo-nextest >/dev/null 2>&1; then
   cargo nextest run -p sluice --no-fail-fast
