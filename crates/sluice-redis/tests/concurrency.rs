@@ -49,7 +49,7 @@ async fn three_hosts_hold_at_most_the_capacity_and_dead_holders_leases_expire() 
     permit.release().await;
     let again = hosts[1].acquire(1).await.expect("a released permit comes back");
 
-    // A renewed lease survives its first expiry.
+    // A renewal is acknowledged (that it outlives the first expiry is the test below).
     assert!(again.renew().await);
 
     // Holders that die without releasing: their leases expire and the permits come back.
@@ -109,4 +109,46 @@ async fn an_outage_applies_the_policy_to_permits() {
     );
     assert!(matches!(closed.acquire(1).await, Err(Error::Unavailable(_))));
     assert!(open.acquire(6).await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewed_lease_outlives_its_first_expiry() {
+    let server = RedisServer::start();
+    let mut hosts = Vec::new();
+    for _ in 0..2 {
+        let store = RedisStore::connect(&server.url(), RedisOptions::default())
+            .await
+            .expect("connect");
+        hosts.push(RedisConcurrencyLimiter::new(
+            store,
+            "renewed",
+            1,
+            Duration::from_secs(2),
+        ));
+    }
+    let permit = hosts[0].acquire(1).await.expect("the only permit");
+    // Halfway through the lease, renew it: it now ends 2 s from here, 1 s past the first end.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(permit.renew().await);
+    // Past the first expiry (2.5 s after the acquire), the permit is still held.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        matches!(
+            hosts[1].acquire(1).await,
+            Err(Error::Acquire(AcquireError::Exhausted { available: 0, .. }))
+        ),
+        "the renewed lease still holds the permit past its first expiry"
+    );
+    // Its holder dies: the renewed lease expires in turn and the permit comes back.
+    std::mem::forget(permit);
+    support::wait_until_async("the renewed lease to expire", Duration::from_secs(30), || async {
+        match hosts[1].acquire(1).await {
+            Ok(p) => {
+                p.release().await;
+                true
+            }
+            Err(_) => false,
+        }
+    })
+    .await;
 }
