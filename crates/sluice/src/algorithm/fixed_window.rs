@@ -92,7 +92,10 @@ impl Algorithm for FixedWindow {
             if total == RETIRED {
                 return None;
             }
-            let used = total.saturating_sub(base);
+            // A check whose clock reading is older than the window another thread has moved
+            // the state into sees more than a window's worth: it is denied, as full (without
+            // the cap its remaining count would wrap).
+            let used = total.saturating_sub(base).min(params.limit);
             let reset = if used == 0 { 0 } else { until_end };
             if used + cost > params.limit {
                 return Some(Decision::denied(
