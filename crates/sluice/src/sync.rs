@@ -96,37 +96,7 @@ mod imp {
     pub(crate) use loom::thread_local;
 
     pub(crate) mod atomic {
-        pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
-
-        /// loom's `AtomicU64` (every method through `Deref`), except that a load that finds
-        /// a retired state ([`crate::algorithm::RETIRED`]) is also a spin. A check that finds
-        /// its state retired retries (`RateLimiter::take_n`) until the successor is published,
-        /// and that loop has no spin hint of its own; loom lets other threads run only where a
-        /// thread spins, and would otherwise keep running the retry loop alone.
-        #[derive(Debug, Default)]
-        pub(crate) struct AtomicU64(loom::sync::atomic::AtomicU64);
-
-        impl AtomicU64 {
-            pub(crate) fn new(value: u64) -> Self {
-                Self(loom::sync::atomic::AtomicU64::new(value))
-            }
-
-            pub(crate) fn load(&self, order: Ordering) -> u64 {
-                let value = self.0.load(order);
-                if value == crate::algorithm::RETIRED {
-                    loom::hint::spin_loop();
-                }
-                value
-            }
-        }
-
-        impl std::ops::Deref for AtomicU64 {
-            type Target = loom::sync::atomic::AtomicU64;
-
-            fn deref(&self) -> &Self::Target {
-                &self.0
-            }
-        }
+        pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
     }
 
     pub(crate) fn seq_cst_handshake() {
