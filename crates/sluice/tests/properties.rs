@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use sluice::{
-    Algorithm, Decision, FixedWindow, LeakyBucket, ManualClock, Quota, RateLimiter, SlidingWindowCounter,
-    SlidingWindowLog, TokenBucket,
+    Algorithm, Decision, FixedWindow, LeakyBucket, ManualClock, Quota, QuotaError, RateLimiter,
+    SlidingWindowCounter, SlidingWindowLog, TokenBucket,
 };
 
 /// What a model says: allowed, remaining, reset-after, retry-after, delay.
@@ -558,5 +558,211 @@ proptest! {
     fn sliding_counter_refund_matches_model((quota, ops) in small_window_quota().prop_flat_map(|q| (Just(q), refund_ops(q))), start in start_strategy()) {
         let mut model = WeightedWindows { epoch: start, len: quota.fill_time_nanos(), limit: quota.capacity(), counts: HashMap::new() };
         run_with_refunds(SlidingWindowCounter, quota, start, &mut model, &ops);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Quota changes: what was consumed and still counts stays consumed (re-expressed in the new
+// quota's units, rounded up, capped at the new capacity) and recovers at the new rate.
+// ---------------------------------------------------------------------------------------------
+
+/// A model whose quota can change at `now`.
+trait QuotaModel: Model {
+    fn set_quota(&mut self, now: u64, quota: &Quota);
+}
+
+impl Bucket {
+    fn refill(&mut self, now: u64) {
+        let full = (self.cap * self.p) as i128;
+        if now > self.last {
+            self.tokens = (self.tokens + (u128::from(now - self.last) * self.c) as i128).min(full);
+            self.last = now;
+        }
+    }
+}
+
+impl QuotaModel for Bucket {
+    fn set_quota(&mut self, now: u64, quota: &Quota) {
+        self.refill(now);
+        let (c, p) = quota.reduced_rate();
+        let (c, p) = (u128::from(c), u128::from(p));
+        let delay_ns = self.max_delay / self.c;
+        // Consumption, borrowed tokens included, as a fraction of a unit with denominator `p`.
+        let consumed = ((self.cap * self.p) as i128 - self.tokens) as u128;
+        let cap = u128::from(quota.capacity());
+        let carried = (consumed * p).div_ceil(self.p).min(cap * p + delay_ns * c);
+        *self = Self {
+            cap,
+            c,
+            p,
+            tokens: (cap * p) as i128 - carried as i128,
+            last: now,
+            max_delay: delay_ns * c,
+        };
+    }
+}
+
+impl QuotaModel for Level {
+    fn set_quota(&mut self, now: u64, quota: &Quota) {
+        if now > self.last {
+            self.level = self.level.saturating_sub(u128::from(now - self.last) * self.c);
+            self.last = now;
+        }
+        let (c, p) = quota.reduced_rate();
+        let (c, p) = (u128::from(c), u128::from(p));
+        let cap = u128::from(quota.capacity());
+        self.level = (self.level * p).div_ceil(self.p).min(cap * p);
+        (self.cap, self.c, self.p) = (cap, c, p);
+    }
+}
+
+impl QuotaModel for Windows {
+    fn set_quota(&mut self, now: u64, quota: &Quota) {
+        let index = (now - self.epoch) / self.len;
+        let used = self
+            .counts
+            .get(&index)
+            .copied()
+            .unwrap_or(0)
+            .min(quota.capacity());
+        // The same window length keeps the grid; another one starts a window at the change.
+        let index = if quota.fill_time_nanos() == self.len {
+            index
+        } else {
+            (self.epoch, self.len) = (now, quota.fill_time_nanos());
+            0
+        };
+        self.counts = HashMap::from([(index, used)]);
+        self.limit = quota.capacity();
+    }
+}
+
+impl QuotaModel for UnitLog {
+    fn set_quota(&mut self, now: u64, quota: &Quota) {
+        // A unit that left the old window is gone, even if the new window is longer.
+        let (old_len, new_len) = (self.len, quota.fill_time_nanos());
+        self.admitted
+            .retain(|&at| now - at < old_len && now - at < new_len);
+        // Over the new capacity, the oldest units are forgotten first.
+        let excess = self.admitted.len().saturating_sub(quota.capacity() as usize);
+        self.admitted.drain(..excess);
+        (self.len, self.limit) = (new_len, quota.capacity());
+    }
+}
+
+impl QuotaModel for WeightedWindows {
+    fn set_quota(&mut self, now: u64, quota: &Quota) {
+        // What still counts becomes the count of a window starting at the change.
+        let used = self.used_at(now).min(quota.capacity());
+        *self = Self {
+            epoch: now,
+            len: quota.fill_time_nanos(),
+            limit: quota.capacity(),
+            counts: HashMap::from([(0, used)]),
+        };
+    }
+}
+
+/// Runs `ops` (clock advance, cost, a quota to change to first) through a limiter and a model;
+/// every decision must match.
+fn run_with_changes<A: Algorithm>(
+    algorithm: A,
+    quota: Quota,
+    start: u64,
+    model: &mut dyn QuotaModel,
+    ops: &[(u64, u64, Option<Quota>)],
+) {
+    let clock = ManualClock::new(start);
+    let limiter = RateLimiter::with_clock(algorithm, quota, clock.clone()).unwrap();
+    let mut current = quota;
+    for (step, &(advance, cost, change)) in ops.iter().enumerate() {
+        clock.advance_nanos(advance);
+        let now = clock_now(&clock);
+        if let Some(next) = change {
+            match limiter.set_quota(next) {
+                Ok(()) => {
+                    model.set_quota(now, &next);
+                    current = next;
+                }
+                // A shaper's maximum delay may not fit the new rate: the old quota stays.
+                Err(QuotaError::Overflow(_)) => {}
+                Err(e) => panic!("step {step}: {next} refused: {e}"),
+            }
+        }
+        let cost = cost.min(current.capacity());
+        let got = limiter.check_n(cost).unwrap();
+        assert_eq!(
+            observed(&got),
+            model.check(now, cost),
+            "step {step} at t={now} cost={cost} quota={current}"
+        );
+    }
+}
+
+/// Checks interleaved with changes to quotas from `quotas`, or to one with the same window
+/// length (which a fixed window treats apart).
+fn change_ops(
+    quota: Quota,
+    quotas: BoxedStrategy<Quota>,
+) -> impl Strategy<Value = Vec<(u64, u64, Option<Quota>)>> {
+    let window = quota.fill_time_nanos();
+    let same_window = (1u64..=12).prop_map(move |n| {
+        Quota::new(n, Duration::from_nanos(window))
+            .unwrap()
+            .with_capacity(n)
+            .unwrap()
+    });
+    let next = prop_oneof![quotas, same_window].boxed();
+    ops_strategy(quota).prop_flat_map(move |ops| {
+        let n = ops.len();
+        let changes = prop::collection::vec(prop::option::weighted(0.15, next.clone()), n);
+        (Just(ops), changes).prop_map(|(ops, changes)| {
+            ops.into_iter()
+                .zip(changes)
+                .map(|((advance, cost), change)| (advance, cost, change))
+                .collect()
+        })
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn token_bucket_quota_changes_match_model((quota, ops) in quota_strategy().prop_flat_map(|q| (Just(q), change_ops(q, quota_strategy().boxed()))), start in start_strategy()) {
+        run_with_changes(TokenBucket, quota, start, &mut Bucket::new(&quota, start, 0), &ops);
+    }
+
+    #[test]
+    fn leaky_meter_quota_changes_match_model((quota, ops) in quota_strategy().prop_flat_map(|q| (Just(q), change_ops(q, quota_strategy().boxed()))), start in start_strategy()) {
+        let (c, p) = quota.reduced_rate();
+        let mut model = Level { cap: quota.capacity().into(), c: c.into(), p: p.into(), level: 0, last: start };
+        run_with_changes(LeakyBucket::meter(), quota, start, &mut model, &ops);
+    }
+
+    #[test]
+    fn leaky_shaper_quota_changes_match_model((quota, ops) in quota_strategy().prop_flat_map(|q| (Just(q), change_ops(q, quota_strategy().boxed()))), start in start_strategy(), delay_intervals in 0u64..6) {
+        let (c, p) = quota.reduced_rate();
+        let max_delay = delay_intervals * (p / c).max(1);
+        let shaper = LeakyBucket::shaper(Duration::from_nanos(max_delay));
+        run_with_changes(shaper, quota, start, &mut Bucket::new(&quota, start, max_delay), &ops);
+    }
+
+    #[test]
+    fn fixed_window_quota_changes_match_model((quota, ops) in quota_strategy().prop_flat_map(|q| (Just(q), change_ops(q, quota_strategy().boxed()))), start in start_strategy()) {
+        let mut model = Windows { epoch: start, len: quota.fill_time_nanos(), limit: quota.capacity(), counts: HashMap::new() };
+        run_with_changes(FixedWindow, quota, start, &mut model, &ops);
+    }
+
+    #[test]
+    fn sliding_log_quota_changes_match_model((quota, ops) in quota_strategy().prop_flat_map(|q| (Just(q), change_ops(q, quota_strategy().boxed()))), start in start_strategy()) {
+        let mut model = UnitLog { len: quota.fill_time_nanos(), limit: quota.capacity(), admitted: Vec::new() };
+        run_with_changes(SlidingWindowLog, quota, start, &mut model, &ops);
+    }
+
+    #[test]
+    fn sliding_counter_quota_changes_match_model((quota, ops) in small_window_quota().prop_flat_map(|q| (Just(q), change_ops(q, small_window_quota().boxed()))), start in start_strategy()) {
+        let mut model = WeightedWindows { epoch: start, len: quota.fill_time_nanos(), limit: quota.capacity(), counts: HashMap::new() };
+        run_with_changes(SlidingWindowCounter, quota, start, &mut model, &ops);
     }
 }

@@ -128,9 +128,10 @@ impl Algorithm for SlidingWindowLog {
         std::mem::take(&mut *log)
     }
 
-    fn carry_over(&self, _: &WindowParams, mut log: Log, new: &WindowParams, now: u64) -> (u64, LogState) {
+    fn carry_over(&self, old: &WindowParams, mut log: Log, new: &WindowParams, now: u64) -> (u64, LogState) {
         log.retired = false;
-        log.expire(now, new.window);
+        // A unit that has left the old window stays gone under a longer new one.
+        log.expire(now, old.window.min(new.window));
         // Over the new capacity: forget the oldest units first.
         while log.total > new.limit {
             let excess = log.total - new.limit;
