@@ -15,6 +15,10 @@
 //! `hosts × ceil(rate × interval)` more than the strict limit. For the token bucket and the
 //! sliding windows the excess is a debt in Redis and does not accumulate; a fixed window
 //! forgets its count when it ends, so there the bound holds per window.
+//!
+//! Under-admission bound: a host denies locally only when Redis reported no room at its last
+//! sync, and room that appears later is seen at the next one; so with demand on every host,
+//! the hosts admit at least the strict limit less `hosts × ceil(rate × interval)`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
