@@ -26,8 +26,10 @@ fn loadtest_spawns_the_server_and_writes_results_and_charts() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    // A loaded machine may fail a verdict (exit 1), but the run itself must not error (2).
-    assert!(output.status.code().is_some_and(|c| c <= 1), "{stdout}\n{stderr}");
+    // Every verdict passes against an exact limiter, however slow the machine: the steady
+    // window runs from denial to denial (exit 1 is a failed verdict, 2 a failed run).
+    assert_eq!(output.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(!stdout.contains("FAIL"), "{stdout}");
     for profile in [
         "invalidN@example.com",
         "ANONYMOUS",

@@ -81,13 +81,13 @@ impl Latencies {
 
 /// One profile in one trial: a line of results.tsv (see [`TSV_COLUMNS`]).
 ///
-/// The allowed requests split into `cold_start_allowed + steady_allowed + tail_allowed`.
+/// The allowed requests split into `cold_start_allowed + steady_allowed + tail_allowed`
+/// (`tests/loadtest.rs` checks it on real runs). [`TrialRow::tsv_line`] gives one field per
+/// column of [`TSV_COLUMNS`]:
 ///
 /// ```
-/// fn check(row: &sluice_loadtest::TrialRow) {
-///     assert_eq!(row.cold_start_allowed + row.steady_allowed + row.tail_allowed, row.allowed);
-///     assert_eq!(row.tsv_line().split('\t').count(), sluice_loadtest::TSV_COLUMNS.len());
-/// }
+/// use sluice_loadtest::TSV_COLUMNS;
+/// assert_eq!(TSV_COLUMNS[..3], ["account ID", "trial", "test duration (us)"]);
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrialRow {
