@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Instructions per check of the keyed limiter against governor, counted by valgrind's
-# callgrind on each side's manual clock. Unlike ns per check on a shared VM, the count moves
+# Instructions per check of the keyed limiter against governor (on its default hasher,
+# SipHash, and on sluice's, foldhash), counted by valgrind's callgrind on each side's manual
+# clock. Unlike ns per check on a shared VM, the count moves
 # by a few instructions at most between runs (the hashers' seeds are random per process). Each
 # side of each case runs twice, with FEW and MANY checks after the same setup; the difference
 # over MANY - FEW checks leaves out the setup (filling the store).
@@ -44,13 +45,15 @@ count() {
   [ -n "$total" ] || { echo "keyed-icount: no instruction total in callgrind's output" >&2; exit 1; }
   echo "$total"
 }
-printf '%-10s %10s %10s %8s\n' case sluice governor ratio
+ratio() { awk -v s="$1" -v g="$2" 'BEGIN {printf "%.2f", s / g}'; }
+printf '%-10s %10s %10s %8s %18s %8s\n' case sluice governor ratio governor_foldhash ratio
 for case in "${CASES[@]}"; do
-  for side in sluice governor; do
+  for side in sluice governor governor_foldhash; do
     few=$(count "$side" "$case" "$FEW")
     many=$(count "$side" "$case" "$MANY")
     eval "per_$side=$(((many - few) / (MANY - FEW)))"
   done
-  printf '%-10s %10d %10d %8.2f\n' "$case" "$per_sluice" "$per_governor" \
-    "$(awk -v s="$per_sluice" -v g="$per_governor" 'BEGIN {print s / g}')"
+  printf '%-10s %10d %10d %8s %18d %8s\n' "$case" "$per_sluice" "$per_governor" \
+    "$(ratio "$per_sluice" "$per_governor")" "$per_governor_foldhash" \
+    "$(ratio "$per_sluice" "$per_governor_foldhash")"
 done

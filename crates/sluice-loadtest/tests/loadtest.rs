@@ -62,7 +62,10 @@ async fn demo_profiles_against_a_keyed_limiter() {
             "{}",
             row.profile
         );
-        assert_eq!(row.tsv_line().split('\t').count(), sluice_loadtest::TSV_COLUMNS.len());
+        assert_eq!(
+            row.tsv_line().split('\t').count(),
+            sluice_loadtest::TSV_COLUMNS.len()
+        );
         assert!(row.steady_start >= Duration::from_millis(500));
         assert!(row.steady_start + row.steady_duration <= Duration::from_secs(2));
         let l = row.latency_us.as_array();

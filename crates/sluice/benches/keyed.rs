@@ -12,8 +12,9 @@
 //! `governor_fake_clock`), which leaves the store's own cost, whatever the clock costs on the
 //! machine. In `new_key` the manual clocks advance by 1 µs per check (inside the measurement
 //! on both sides), so used buckets are full again as they are on a real clock. Keys are
-//! `u64`. Each side keeps its default hasher (sluice: foldhash; governor: std's SipHash
-//! `RandomState`); that is part of what is compared.
+//! `u64`. governor runs on its default hasher (std's SipHash `RandomState`: what its users
+//! get) and again on sluice's, foldhash (ids `governor_foldhash`, `governor_foldhash_fake_clock`):
+//! the ratio to the latter compares the stores alone.
 //!
 //! Groups:
 //! - `hot_1k`: 1000 keys, cycled in order; all present after the first round.
@@ -52,8 +53,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{
-    Case, Cycle, GovernorCase, HOT_KEYS, NEW_KEY_CAPACITY, Side, SluiceCase, governor_check, governor_on,
-    sluice_check, sluice_on,
+    Case, Cycle, FoldHash, GovernorCase, HOT_KEYS, NEW_KEY_CAPACITY, Side, SipHash, SluiceCase,
+    governor_check, governor_on, sluice_check, sluice_on,
 };
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, BenchmarkId, Criterion, black_box, criterion_group, criterion_main};
@@ -73,22 +74,26 @@ fn bench_check(group: &mut Group, who: &str, mut check: impl FnMut() -> bool) {
     group.bench_function(who, |b| b.iter(&mut check));
 }
 
-/// A single-thread case's group: each side on its real clock, then on its manual clock.
+/// A single-thread case's group: each side on its real clock, then on its manual clock;
+/// governor on its default hasher and on sluice's.
 fn single(c: &mut Criterion, case: Case) {
     let mut group = c.benchmark_group(case.name());
     bench_side(&mut group, "sluice", SluiceCase::new(case, MonotonicClock));
+    let real = DefaultClock::default;
     bench_side(
         &mut group,
         "governor",
-        GovernorCase::new(case, DefaultClock::default()),
+        GovernorCase::<_, SipHash>::new(case, real()),
     );
-    bench_side(
-        &mut group,
-        "sluice_manual_clock",
-        SluiceCase::new(case, ManualClock::new(0)),
-    );
-    let fake = FakeRelativeClock::default();
-    bench_side(&mut group, "governor_fake_clock", GovernorCase::new(case, fake));
+    let foldhash = GovernorCase::<_, FoldHash>::new(case, real());
+    bench_side(&mut group, "governor_foldhash", foldhash);
+    let manual = SluiceCase::new(case, ManualClock::new(0));
+    bench_side(&mut group, "sluice_manual_clock", manual);
+    let fake = FakeRelativeClock::default;
+    let sip = GovernorCase::<_, SipHash>::new(case, fake());
+    bench_side(&mut group, "governor_fake_clock", sip);
+    let foldhash = GovernorCase::<_, FoldHash>::new(case, fake());
+    bench_side(&mut group, "governor_foldhash_fake_clock", foldhash);
     group.finish();
 }
 
@@ -152,20 +157,28 @@ fn independent_work(key: u64) -> bool {
 fn two_threads(c: &mut Criterion) {
     let mut group = c.benchmark_group("two_threads");
     let limiter = sluice_on(NEW_KEY_CAPACITY, MonotonicClock);
-    let reference = governor_on(DefaultClock::default());
+    let reference = governor_on::<_, SipHash>(DefaultClock::default());
+    let foldhash = governor_on::<_, FoldHash>(DefaultClock::default());
     let manual = sluice_on(NEW_KEY_CAPACITY, ManualClock::new(0));
-    let fake = governor_on(FakeRelativeClock::default());
+    let fake = governor_on::<_, SipHash>(FakeRelativeClock::default());
+    let fake_foldhash = governor_on::<_, FoldHash>(FakeRelativeClock::default());
     for threads in [1, 2] {
         bench_threads(&mut group, "independent_work", threads, independent_work);
         bench_threads(&mut group, "sluice", threads, |key| sluice_check(&limiter, key));
         bench_threads(&mut group, "governor", threads, |key| {
             governor_check(&reference, key)
         });
+        bench_threads(&mut group, "governor_foldhash", threads, |key| {
+            governor_check(&foldhash, key)
+        });
         bench_threads(&mut group, "sluice_manual_clock", threads, |key| {
             sluice_check(&manual, key)
         });
         bench_threads(&mut group, "governor_fake_clock", threads, |key| {
             governor_check(&fake, key)
+        });
+        bench_threads(&mut group, "governor_foldhash_fake_clock", threads, |key| {
+            governor_check(&fake_foldhash, key)
         });
     }
     group.finish();
@@ -198,10 +211,12 @@ const APART_BASE: u64 = 1 << 40;
 fn two_threads_placed(c: &mut Criterion, name: &str, place: impl Fn(&mut dyn FnMut(u64))) {
     let mut group = c.benchmark_group(name);
     let manual = sluice_on(NEW_KEY_CAPACITY, ManualClock::new(0));
-    let fake = governor_on(FakeRelativeClock::default());
+    let fake = governor_on::<_, SipHash>(FakeRelativeClock::default());
+    let fake_foldhash = governor_on::<_, FoldHash>(FakeRelativeClock::default());
     place(&mut |key| {
         assert!(sluice_check(&manual, key));
         assert!(governor_check(&fake, key));
+        assert!(governor_check(&fake_foldhash, key));
     });
     for threads in [1, 2] {
         bench_threads(&mut group, "sluice_manual_clock", threads, |key| {
@@ -209,6 +224,9 @@ fn two_threads_placed(c: &mut Criterion, name: &str, place: impl Fn(&mut dyn FnM
         });
         bench_threads(&mut group, "governor_fake_clock", threads, |key| {
             governor_check(&fake, key)
+        });
+        bench_threads(&mut group, "governor_foldhash_fake_clock", threads, |key| {
+            governor_check(&fake_foldhash, key)
         });
     }
     group.finish();

@@ -2,14 +2,15 @@
 //! with valgrind (`bench/keyed-icount.sh` runs it): on a VM whose speed drifts, an instruction
 //! count does not move between runs, so it shows what a change to the keyed path costs.
 //!
-//! Usage: `keyed_icount SIDE CASE CHECKS` with SIDE `sluice` or `governor` and CASE `hot_1k`,
+//! Usage: `keyed_icount SIDE CASE CHECKS` with SIDE `sluice`, `governor` (SipHash, its default)
+//! or `governor_foldhash` (sluice's hasher) and CASE `hot_1k`,
 //! `random_1m` or `new_key`: sets the case up as `keyed` does (see `common/mod.rs`), then
 //! makes CHECKS checks, each asserted to admit. Run by `cargo bench` (which passes only
 //! `--bench`), it prints how to use it and does nothing else.
 
 mod common;
 
-use common::{Case, GovernorCase, Side, SluiceCase};
+use common::{Case, FoldHash, GovernorCase, Side, SipHash, SluiceCase};
 use governor::clock::FakeRelativeClock;
 use sluice::ManualClock;
 
@@ -30,8 +31,17 @@ fn main() {
     };
     match side.as_str() {
         "sluice" => run(SluiceCase::new(case, ManualClock::new(0)), checks),
-        "governor" => run(GovernorCase::new(case, FakeRelativeClock::default()), checks),
-        _ => fail(&format!("unknown side {side:?} (sluice or governor)")),
+        "governor" => run(
+            GovernorCase::<_, SipHash>::new(case, FakeRelativeClock::default()),
+            checks,
+        ),
+        "governor_foldhash" => run(
+            GovernorCase::<_, FoldHash>::new(case, FakeRelativeClock::default()),
+            checks,
+        ),
+        _ => fail(&format!(
+            "unknown side {side:?} (sluice, governor or governor_foldhash)"
+        )),
     }
 }
 

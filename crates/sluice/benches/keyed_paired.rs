@@ -1,20 +1,21 @@
 //! The single-thread cases of the `keyed` bench (`hot_1k`, `random_1m`, `new_key`, on real
-//! and on manual clocks), with sluice and governor alternating in one process: round after
-//! round, each side makes the same number of checks, the order switching every round, and
-//! each round gives a ratio (sluice/governor). On a shared machine whose speed drifts by tens
+//! and on manual clocks), with sluice and governor (on its default hasher, SipHash, and on
+//! sluice's, foldhash) taking turns in one process: round after round, each side makes the
+//! same number of checks, the order rotating every round, and each round gives two ratios
+//! (sluice/governor, sluice/governor on foldhash). On a shared machine whose speed drifts by tens
 //! of percent from one second to the next, two sides measured a second apart share the drift,
 //! so the median of those ratios holds still where separate runs (criterion's) do not.
 //!
 //! Run with `cargo bench -p sluice --bench keyed_paired` (a filter such as `random_1m` runs
 //! the cases whose name contains it; `SLUICE_PAIRED_ROUNDS` sets the rounds, default 31).
-//! Prints one row per case: each side's median ns per check, then the ratio's median and
-//! quartiles. The setups, quotas and keys are `keyed`'s (see `common/mod.rs`).
+//! Prints one row per case and clock: each side's median ns per check, then each ratio's
+//! median and quartiles. The setups, quotas and keys are `keyed`'s (see `common/mod.rs`).
 
 mod common;
 
 use std::time::Instant;
 
-use common::{Case, GovernorCase, Side, SluiceCase};
+use common::{Case, FoldHash, GovernorCase, Side, SipHash, SluiceCase};
 use governor::clock::{DefaultClock, FakeRelativeClock};
 use sluice::{ManualClock, MonotonicClock};
 
@@ -40,57 +41,75 @@ fn main() {
         },
         Err(_) => DEFAULT_ROUNDS,
     };
-    println!("{rounds} rounds per case; ns per check (medians), ratio sluice/governor: median [quartiles]");
+    println!(
+        "{rounds} rounds per case; ns per check (medians); ratios sluice/governor (SipHash) and sluice/governor (foldhash): median [quartiles]"
+    );
     for case in Case::ALL {
         if filter.as_deref().is_some_and(|f| !case.name().contains(f)) {
             continue;
         }
-        let sluice = SluiceCase::new(case, MonotonicClock);
-        paired(
-            case,
-            "real clocks",
-            sluice,
-            GovernorCase::new(case, DefaultClock::default()),
-            rounds,
+        let real = DefaultClock::default;
+        let sides = (
+            SluiceCase::new(case, MonotonicClock),
+            GovernorCase::<_, SipHash>::new(case, real()),
+            GovernorCase::<_, FoldHash>::new(case, real()),
         );
-        let sluice = SluiceCase::new(case, ManualClock::new(0));
-        let governor = GovernorCase::new(case, FakeRelativeClock::default());
-        paired(case, "manual clocks", sluice, governor, rounds);
+        paired(case, "real clocks", sides, rounds);
+        let fake = FakeRelativeClock::default;
+        let sides = (
+            SluiceCase::new(case, ManualClock::new(0)),
+            GovernorCase::<_, SipHash>::new(case, fake()),
+            GovernorCase::<_, FoldHash>::new(case, fake()),
+        );
+        paired(case, "manual clocks", sides, rounds);
     }
 }
 
-fn paired(case: Case, clocks: &str, mut sluice: impl Side, mut governor: impl Side, rounds: usize) {
+/// Sides in the order sluice, governor, governor on foldhash.
+fn paired(case: Case, clocks: &str, sides: (impl Side, impl Side, impl Side), rounds: usize) {
+    let (mut sluice, mut governor, mut foldhash) = sides;
     let n = checks_per_round(case);
+    let mut run = |side: usize| match side {
+        0 => time(n, || sluice.check()),
+        1 => time(n, || governor.check()),
+        _ => time(n, || foldhash.check()),
+    };
     // A first round of each, unmeasured, warms caches and branch predictors.
-    time(n, || sluice.check());
-    time(n, || governor.check());
+    for side in 0..3 {
+        run(side);
+    }
     let mut rows = Vec::with_capacity(rounds);
     for round in 0..rounds {
-        let (s, g) = if round % 2 == 0 {
-            let s = time(n, || sluice.check());
-            (s, time(n, || governor.check()))
-        } else {
-            let g = time(n, || governor.check());
-            (time(n, || sluice.check()), g)
-        };
-        rows.push((s, g));
+        let mut row = [0.0; 3];
+        // Rotate which side goes first, so none always follows the same one.
+        for i in 0..3 {
+            let side = (round + i) % 3;
+            row[side] = run(side);
+        }
+        rows.push(row);
     }
     sluice.verify();
     governor.verify();
-    let median = |mut v: Vec<f64>, q: usize| {
+    foldhash.verify();
+    let quartiles = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
-        v[(v.len() - 1) * q / 4]
+        let at = |q: usize| v[(v.len() - 1) * q / 4];
+        (at(2), at(1), at(3))
     };
-    let ratios: Vec<f64> = rows.iter().map(|(s, g)| s / g).collect();
+    let median = |side: usize| quartiles(rows.iter().map(|r| r[side]).collect()).0;
+    let ratio = |side: usize| {
+        let (m, lo, hi) = quartiles(rows.iter().map(|r| r[0] / r[side]).collect());
+        format!("{m:.3} [{lo:.3}, {hi:.3}]")
+    };
     println!(
-        "{:<10} {:<14} sluice {:>7.1}  governor {:>7.1}  ratio {:.3} [{:.3}, {:.3}]",
+        "{:<10} {:<14} sluice {:>7.1}  governor {:>7.1}  governor_foldhash {:>7.1}  ratio {}  ratio_foldhash {}",
         case.name(),
         clocks,
-        median(rows.iter().map(|r| r.0).collect(), 2),
-        median(rows.iter().map(|r| r.1).collect(), 2),
-        median(ratios.clone(), 2),
-        median(ratios.clone(), 1),
-        median(ratios, 3),
+        median(0),
+        median(1),
+        median(2),
+        ratio(1),
+        ratio(2),
     );
 }
 

@@ -3,12 +3,13 @@
 //! quota, the key sequences and the checks.
 //!
 //! Both sides use a token bucket (GCRA) of `1e9/s`, burst 1 000 000, so no check is ever
-//! denied: every check is an admitted check that writes its key's state. Keys are `u64`. Each
-//! side keeps its default hasher (sluice: foldhash; governor: std's SipHash `RandomState`);
-//! that is part of what is compared.
+//! denied: every check is an admitted check that writes its key's state. Keys are `u64`.
+//! governor runs twice: on its default hasher (std's SipHash `RandomState`, what its users get)
+//! and on sluice's (foldhash's `fast::RandomState`), so that one ratio compares the stores alone.
 
 #![allow(dead_code)] // each bench target uses part of this module
 
+use std::hash::BuildHasher;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
@@ -32,12 +33,17 @@ const GOVERNOR_RETAIN_EVERY: u64 = 100_000;
 const NEW_KEY_STEP: Duration = Duration::from_micros(1);
 
 pub type Sluice<C = MonotonicClock> = KeyedLimiter<u64, TokenBucket, StaticQuotas<u64>, C>;
-pub type Governor<C = DefaultClock> = governor::RateLimiter<
+pub type Governor<C = DefaultClock, S = SipHash> = governor::RateLimiter<
     u64,
-    DashMapStateStore<u64>,
+    DashMapStateStore<u64, S>,
     C,
     NoOpMiddleware<<C as governor::clock::Clock>::Instant>,
 >;
+
+/// governor's default hasher.
+pub type SipHash = std::hash::RandomState;
+/// sluice's hasher, given to governor for the equal-hasher comparison.
+pub type FoldHash = foldhash::fast::RandomState;
 
 pub fn sluice_on<C: sluice::Clock + 'static>(capacity: usize, clock: C) -> Sluice<C> {
     let quota: Quota = SLUICE_QUOTA.parse().expect("valid quota");
@@ -49,9 +55,9 @@ pub fn sluice_on<C: sluice::Clock + 'static>(capacity: usize, clock: C) -> Sluic
         .expect("valid quota")
 }
 
-pub fn governor_on<C: governor::clock::Clock>(clock: C) -> Governor<C> {
+pub fn governor_on<C: governor::clock::Clock, S: BuildHasher + Default + Clone>(clock: C) -> Governor<C, S> {
     let quota = governor::Quota::per_second(nonzero(RATE)).allow_burst(nonzero(BURST));
-    governor::RateLimiter::dashmap_with_clock(quota, clock)
+    governor::RateLimiter::dashmap_with_clock_and_hasher(quota, clock, S::default())
 }
 
 fn nonzero(n: u32) -> NonZeroU32 {
@@ -62,7 +68,10 @@ pub fn sluice_check<C: sluice::Clock + 'static>(limiter: &Sluice<C>, key: u64) -
     black_box(black_box(limiter).check(&black_box(key))).is_allowed()
 }
 
-pub fn governor_check<C: governor::clock::Clock>(limiter: &Governor<C>, key: u64) -> bool {
+pub fn governor_check<C: governor::clock::Clock, S: BuildHasher + Clone>(
+    limiter: &Governor<C, S>,
+    key: u64,
+) -> bool {
     black_box(black_box(limiter).check_key(&black_box(key))).is_ok()
 }
 
@@ -255,14 +264,14 @@ impl<C: sluice::Clock + Step + Clone + 'static> Side for SluiceCase<C> {
     }
 }
 
-/// A case on governor's side.
-pub struct GovernorCase<C: governor::clock::Clock> {
-    limiter: Governor<C>,
+/// A case on governor's side, with hasher `S`.
+pub struct GovernorCase<C: governor::clock::Clock, S: BuildHasher + Clone = SipHash> {
+    limiter: Governor<C, S>,
     clock: C,
     keys: Keys,
 }
 
-impl<C: governor::clock::Clock + Step + Clone> GovernorCase<C> {
+impl<C: governor::clock::Clock + Step + Clone, S: BuildHasher + Default + Clone> GovernorCase<C, S> {
     pub fn new(case: Case, clock: C) -> Self {
         let limiter = governor_on(clock.clone());
         if case == Case::Random1m {
@@ -280,7 +289,7 @@ impl<C: governor::clock::Clock + Step + Clone> GovernorCase<C> {
     }
 }
 
-impl<C: governor::clock::Clock + Step + Clone> Side for GovernorCase<C> {
+impl<C: governor::clock::Clock + Step + Clone, S: BuildHasher + Clone> Side for GovernorCase<C, S> {
     #[inline]
     fn check(&mut self) -> bool {
         if let Keys::Fresh(next) = self.keys {
