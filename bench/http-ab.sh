@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Paired A/B of two `sluice` binaries on one account's requests: both serve the same config
-# side by side, and short wrk runs alternate between them, so the VM's drift hits both alike.
+# side by side, and short wrk runs alternate between them (the order switching every round),
+# so the VM's drift hits both alike.
 # Prints each round's req/s and the median of the per-round ratios B/A.
 #
 # Usage: bench/http-ab.sh A_BINARY B_BINARY [ROUNDS] [ACCOUNT]
@@ -29,7 +30,8 @@ rps() { wrk -t1 -c"$CONNECTIONS" -d"$DURATION" -H "X-Account-ID: $ACCOUNT" "$1" 
 rps "$url_a" >/dev/null; rps "$url_b" >/dev/null
 echo "round  A req/s  B req/s  B/A"
 for round in $(seq "$ROUNDS"); do
-  a=$(rps "$url_a"); b=$(rps "$url_b")
+  # Odd rounds run A first, even rounds B, so neither always follows the other.
+  if ((round % 2)); then a=$(rps "$url_a"); b=$(rps "$url_b"); else b=$(rps "$url_b"); a=$(rps "$url_a"); fi
   echo "$round $a $b" | awk '{printf "%5d %8.0f %8.0f %5.3f\n", $1, $2, $3, $3 / $2}' | tee -a "$tmp/rounds"
 done
 awk '{print $4}' "$tmp/rounds" | sort -g |

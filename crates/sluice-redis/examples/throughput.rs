@@ -1,6 +1,10 @@
 //! Decisions per second of the Redis limiter, strict and hybrid, at 1, 16 and 64 concurrent
-//! callers, beside `redis-benchmark` running a trivial EVALSHA against the same server (the
-//! ceiling); then the measured over-admission of hybrid mode with three hosts.
+//! callers, beside `redis-benchmark` running the same work against the same server (the
+//! ceiling): the EVALSHA of the GCRA script with the arguments a strict check sends (captured
+//! with `MONITOR`) on 16 keys, once over one connection per caller, unpipelined, and once over
+//! one connection with as many commands in flight as there are callers (`-P`), which is how
+//! the strict limiter's one multiplexed connection carries them. Then the measured
+//! over-admission of hybrid mode with three hosts.
 //!
 //! Starts its own `redis-server` on a free port (install it with scripts/ensure-redis.sh).
 //!
@@ -64,27 +68,50 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
-/// redis-benchmark's requests per second for `EVALSHA <return 1> 0` with `clients` connections.
-fn ceiling(port: u16, clients: usize) -> Result<f64, Error> {
-    let port = port.to_string();
-    let load = Command::new("redis-cli")
-        .args(["-p", &port, "SCRIPT", "LOAD", "return 1"])
-        .output()?;
-    let sha = String::from_utf8(load.stdout)?.trim().to_string();
-    let requests = (clients * 4000).clamp(20_000, 200_000).to_string();
+/// The EVALSHA a strict check sends, as `redis-benchmark` arguments, its key made a pattern
+/// (`__rand_int__`, with `-r 16`: sixteen keys, as the callers use): read from `MONITOR`
+/// while `check` runs one check of key `bench-0`.
+async fn captured_command<F: Future<Output = ()>>(port: u16, check: F) -> Result<Vec<String>, Error> {
+    use std::io::{BufRead, BufReader};
+    let mut monitor = Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "monitor"])
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut lines = BufReader::new(monitor.stdout.take().ok_or("no monitor output")?).lines();
+    let ok = lines.next().ok_or("MONITOR closed")??;
+    if ok.trim() != "OK" {
+        return Err(format!("MONITOR answered {ok:?}").into());
+    }
+    check.await;
+    let line = loop {
+        let line = lines.next().ok_or("MONITOR saw no EVALSHA")??;
+        if line.contains("\"EVALSHA\"") || line.contains("\"evalsha\"") {
+            break line;
+        }
+    };
+    let _ = monitor.kill();
+    let _ = monitor.wait();
+    // `<time> [<db> <client>] "EVALSHA" "<sha>" "1" "<key>" "<arg>" ...`: plain tokens here.
+    let args: Vec<String> = line
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .map(|token| token.replace("bench-0", "bench-__rand_int__"))
+        .collect();
+    if args.len() < 4 || !args[3].contains("__rand_int__") {
+        return Err(format!("unexpected MONITOR line: {line}").into());
+    }
+    Ok(args)
+}
+
+/// redis-benchmark's requests per second for `command` with `clients` connections, each with
+/// `pipeline` commands in flight.
+fn ceiling(port: u16, command: &[String], clients: usize, pipeline: usize) -> Result<f64, Error> {
+    let requests = (clients * pipeline * 4000).clamp(20_000, 200_000).to_string();
     let out = Command::new("redis-benchmark")
-        .args([
-            "-p",
-            &port,
-            "-c",
-            &clients.to_string(),
-            "-n",
-            &requests,
-            "--csv",
-            "evalsha",
-            &sha,
-            "0",
-        ])
+        .args(["-p", &port.to_string(), "-c", &clients.to_string()])
+        .args(["-P", &pipeline.to_string(), "-n", &requests, "-r", "16", "--csv"])
+        .args(command)
         .output()?;
     let text = String::from_utf8(out.stdout)?;
     let line = text.lines().nth(1).ok_or("redis-benchmark printed no result")?;
@@ -166,7 +193,7 @@ async fn over_admission(url: &str) -> Result<(), Error> {
     let strict = 200.0 + 2000.0 * elapsed;
     let syncs: u64 = hosts.iter().map(|h| h.metrics().syncs).sum();
     let achieved = elapsed / (syncs as f64 / HOSTS as f64);
-    let bound = HOSTS as f64 * (2000.0 * achieved).ceil();
+    let bound = HOSTS as f64 * (2000.0 * interval.as_secs_f64()).ceil();
     println!(
         "hybrid over-admission: 3 hosts, 2000/s burst 200, interval 100 ms (achieved {:.0} ms), {elapsed:.1} s: \
          admitted {admitted:.0}, strict limit {strict:.0}, over {:.0} ({:.2}%), bound hosts x rate x interval = {bound:.0}",
@@ -201,10 +228,18 @@ async fn main() -> Result<(), Error> {
         .build(hybrid_store)?;
     let hybrid = HybridLimiter::new(hybrid_strict, Duration::from_millis(100));
 
+    let command = captured_command(server.1, async {
+        let _ = strict.check_n("bench-0", 1).await;
+    })
+    .await?;
+    println!("ceiling: redis-benchmark -r 16 --csv {}", command.join(" "));
     println!("decisions per second (medians; ratios are medians of the per-repeat ratios)");
-    println!("callers  ceiling(redis-benchmark EVALSHA)  strict  strict/ceiling   hybrid  hybrid/strict");
+    println!(
+        "callers  ceiling(c=callers)  ceiling(c=1, -P callers)  strict  strict/ceiling(-P)   hybrid  hybrid/strict"
+    );
     for callers in CALLERS {
         let mut ceilings = Vec::new();
+        let mut pipelined = Vec::new();
         let mut stricts = Vec::new();
         let mut hybrids = Vec::new();
         // Ratios within each repeat (ceiling and strict run back to back): the machine's load
@@ -212,7 +247,8 @@ async fn main() -> Result<(), Error> {
         let mut strict_ratios = Vec::new();
         let mut hybrid_ratios = Vec::new();
         for _ in 0..REPEATS {
-            ceilings.push(ceiling(server.1, callers)?);
+            ceilings.push(ceiling(server.1, &command, callers, 1)?);
+            pipelined.push(ceiling(server.1, &command, 1, callers)?);
             let before = strict.metrics();
             let limiter = strict.clone();
             let (_, seconds) = measure(callers, move |key| {
@@ -234,17 +270,17 @@ async fn main() -> Result<(), Error> {
             })
             .await;
             hybrids.push(decisions / seconds);
-            let (c, s, h) = (
-                ceilings[ceilings.len() - 1],
+            let (p, s, h) = (
+                pipelined[pipelined.len() - 1],
                 stricts[stricts.len() - 1],
                 decisions / seconds,
             );
-            strict_ratios.push(s / c);
+            strict_ratios.push(s / p);
             hybrid_ratios.push(h / s);
         }
-        let (c, s, h) = (median(ceilings), median(stricts), median(hybrids));
+        let (c, p, s, h) = (median(ceilings), median(pipelined), median(stricts), median(hybrids));
         println!(
-            "{callers:>7}  {c:>32.0}  {s:>6.0}  {:>13.0}%  {h:>7.0}  {:>12.1}x",
+            "{callers:>7}  {c:>18.0}  {p:>24.0}  {s:>6.0}  {:>17.0}%  {h:>7.0}  {:>12.1}x",
             100.0 * median(strict_ratios),
             median(hybrid_ratios)
         );
