@@ -33,3 +33,51 @@ accounts:
   bench@example.com: 1000000000/s
 YAML
 }
+
+# Builds bench target NAME of the sluice crate and prints its executable's path.
+bench_binary() { # name
+  local log
+  log=$(mktemp)
+  if ! cargo bench -p sluice --bench "$1" --no-run --message-format=json >"$log" 2>"$log.err"; then
+    echo "building the $1 bench failed:" >&2
+    cat "$log.err" >&2
+    rm -f "$log" "$log.err"
+    return 1
+  fi
+  python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == sys.argv[2] and m.get("executable"):
+        print(m["executable"])
+' "$log" "$1" | tail -1
+  rm -f "$log" "$log.err"
+}
+
+# Runs a command under valgrind TOOL (callgrind, or cachegrind with a simulated cache whose
+# last level is LL_CACHE, default 2 MiB 16-way) and prints its event totals, one line
+# "Ir=… D1mr=… …" (the events the tool counted, by name).
+valgrind_totals() { # tool command...
+  local tool=$1 out
+  shift
+  out=$(mktemp)
+  local args=(--tool="$tool")
+  case $tool in
+    callgrind) args+=(--callgrind-out-file="$out") ;;
+    cachegrind) args+=(--cachegrind-out-file="$out" --cache-sim=yes --LL="${LL_CACHE:-2097152,16,64}") ;;
+  esac
+  if ! valgrind "${args[@]}" "$@" >/dev/null 2>"$out.err"; then
+    echo "valgrind $tool $* failed:" >&2
+    cat "$out.err" >&2
+    rm -f "$out" "$out.err"
+    return 1
+  fi
+  awk '/^events:/ {n = split($0, names, " ")} /^(summary|totals):/ {
+    line = ""; for (i = 2; i <= NF; i++) line = line (i > 2 ? " " : "") names[i] "=" $i; print line; exit}' "$out"
+  rm -f "$out" "$out.err"
+}
+
+# One event's total from a valgrind_totals line.
+event() { # totals_line event
+  tr ' ' '\n' <<<"$1" | awk -F= -v e="$2" '$1 == e {print $2}'
+}
