@@ -141,9 +141,9 @@ impl Algorithm for FixedWindow {
         new: &WindowParams,
         now: u64,
     ) -> (u64, FixedWindowState) {
-        // The units of the old window holding `now` (as a check counts them: a state already
-        // in a later window reads as full).
-        // (Saturating: `now` may lie past the horizon after a clock jump.)
+        // The units of the old window holding `now`, as a check counts them (a state already
+        // in a later window reads as full); saturating, as `now` may lie past the horizon
+        // after a clock jump.
         let used = total
             .saturating_sub((now / old.window).saturating_mul(old.limit))
             .min(old.limit)
