@@ -45,3 +45,10 @@ end
 local function ttl_ms(micros)
   return math.floor(micros / 1000) + 2
 end
+
+-- The space-separated numbers of a stored state.
+local function fields(s)
+  local t = {}
+  for field in string.gmatch(s, '%S+') do t[#t + 1] = tonumber(field) end
+  return t
+end

@@ -1,5 +1,7 @@
 -- Sliding window log. KEYS[1]: sorted set of admissions, score = time (us), member =
--- "sequence:units". KEYS[2]: hash {n = units in the log, s = last sequence number}.
+-- "sequence:units". KEYS[2]: hash {n = units in the log, s = last sequence number, w = window
+-- (us), l = limit: the quota the log counts under}. A hash without w and l (written before the
+-- quota was stored) counts as written under the current quota.
 -- ARGV: cost, force, now (-1: Redis TIME), window (us), limit.
 -- Returns {allowed, remaining, reset (us), retry (us)}.
 local cost = tonumber(ARGV[1])
@@ -12,15 +14,56 @@ local function units(member)
   return tonumber(string.match(member, ':(%d+)$'))
 end
 
-local stored = tonumber(redis.call('HGET', KEYS[2], 'n') or '0')
+local meta = redis.call('HMGET', KEYS[2], 'n', 'w', 'l')
+local stored = tonumber(meta[1] or '0')
+local stored_window, stored_limit = window, limit
+if meta[2] then stored_window = tonumber(meta[2]) end
+if meta[3] then stored_limit = tonumber(meta[3]) end
+local changed = stored_window ~= window or stored_limit ~= limit
 local total = stored
--- An admission stops counting once a whole window has passed since it.
-local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - window)
+
+-- Writes the count and the quota it is under.
+local function save_count()
+  redis.call('HSET', KEYS[2], 'n', int(total), 'w', ARGV[4], 'l', ARGV[5])
+end
+
+-- An admission stops counting once a whole window has passed since it. At a quota change, once
+-- the shorter of the two windows has (a unit that left the old window stays gone).
+local span = math.min(stored_window, window)
+local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - span)
 if #expired > 0 then
   for _, member in ipairs(expired) do total = total - units(member) end
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - span)
 end
 if redis.call('ZCARD', KEYS[1]) == 0 then total = 0 end
+
+if changed then
+  -- Carried as the core does: over the new limit, the oldest units are forgotten first.
+  local excess = total - limit
+  if excess > 0 then
+    local entries = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+    for i = 1, #entries, 2 do
+      local member = entries[i]
+      local n = units(member)
+      redis.call('ZREM', KEYS[1], member)
+      if n > excess then
+        local seq = string.match(member, '^(%d+):')
+        redis.call('ZADD', KEYS[1], entries[i + 1], seq .. ':' .. int(n - excess))
+        total = total - excess
+        break
+      end
+      total = total - n
+      excess = excess - n
+      if excess == 0 then break end
+    end
+  end
+  -- Written even if this check is a denial or a peek, so no later check converts again; the
+  -- keys are kept for the new window.
+  save_count()
+  stored = total
+  redis.call('PEXPIRE', KEYS[1], ttl_ms(window))
+  redis.call('PEXPIRE', KEYS[2], ttl_ms(window))
+end
 
 local function until_empty()
   local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
@@ -39,7 +82,7 @@ if total + cost > limit and not force then
       break
     end
   end
-  if total ~= stored then redis.call('HSET', KEYS[2], 'n', total) end
+  if total ~= stored then save_count() end
   return {0, at_least_zero(limit - total), until_empty(), retry}
 end
 if cost > 0 then
@@ -47,9 +90,9 @@ if cost > 0 then
   redis.call('ZADD', KEYS[1], now, seq .. ':' .. cost)
   total = total + cost
   redis.call('PEXPIRE', KEYS[1], ttl_ms(window))
-  redis.call('HSET', KEYS[2], 'n', total)
+  save_count()
   redis.call('PEXPIRE', KEYS[2], ttl_ms(window))
 elseif total ~= stored then
-  redis.call('HSET', KEYS[2], 'n', total)
+  save_count()
 end
 return {1, at_least_zero(limit - total), until_empty(), 0}

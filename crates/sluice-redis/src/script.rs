@@ -10,6 +10,17 @@
 //!   same instants, to the nanosecond.
 //! - windows: a window is the quota's fill time rounded up to whole microseconds, aligned to
 //!   Redis' clock (Unix time), and all times are whole microseconds.
+//!
+//! Quota changes: each state is stored with the parameters of the quota it counts under (GCRA:
+//! `k`, `p` and `tau`; fixed window and counter: window length and limit; log: `w` and `l` in
+//! its hash). A check under other parameters first carries the state over by the core's rule
+//! ([`sluice::Algorithm::carry_over`]): GCRA at the same rate exactly, capped at the new burst,
+//! at another rate in whole units rounded up, capped at the new capacity; the window
+//! algorithms into the new length's window on Unix time. The conversion is written even when
+//! that check denies or peeks, so a later check does not convert the old state again. A state
+//! stored without them (by an earlier version) counts as stored under the check's quota. With
+//! the same parameters a check costs what it did: one `GET` and at most one `SET` (the log: one
+//! `HMGET`, one `HSET`).
 
 use std::sync::LazyLock;
 

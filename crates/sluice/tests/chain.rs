@@ -1,12 +1,13 @@
 //! Chains: all-or-nothing admission over several links, under 8 threads on a frozen clock.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
 use sluice::{
-    ChainError, CheckError, FixedWindow, KeyedLimiter, KeyedLink, LeakyBucket, Link, ManualClock,
-    RateLimiter, SlidingWindowCounter, SlidingWindowLog, TokenBucket, check_chain,
+    ChainError, CheckError, FixedWindow, FnSource, KeyedLimiter, KeyedLink, LeakyBucket, Link, ManualClock,
+    Quota, RateLimiter, SlidingWindowCounter, SlidingWindowLog, TokenBucket, check_chain,
 };
 
 const KEYS: [&str; 4] = ["k0", "k1", "k2", "k3"];
@@ -160,6 +161,44 @@ fn a_give_back_after_a_quota_change_gives_nothing_back() {
     a.give_back(receipt, 4);
     // The 4 stay consumed under the new quota: a refund never over-admits.
     assert_eq!(a.check_n(0).unwrap().remaining(), 16);
+}
+
+/// The same on a keyed link, whose quota changes when the take's own check refreshes it: the
+/// give-back gives nothing back, for every algorithm, also those whose carry-over keeps the
+/// entry's epoch (the window algorithms keep their grid).
+#[test]
+fn a_keyed_give_back_after_a_quota_change_gives_nothing_back() {
+    fn drive<A: sluice::Algorithm>(algorithm: A) {
+        let name = algorithm.name();
+        let quota = Arc::new(Mutex::new("10/s".parse::<Quota>().unwrap()));
+        let source = {
+            let quota = Arc::clone(&quota);
+            FnSource(move |_: &String| std::future::ready(Ok(Some(*quota.lock().unwrap()))))
+        };
+        let clock = ManualClock::new(0);
+        let limiter = KeyedLimiter::builder(algorithm, "1/s".parse().unwrap())
+            .source(source)
+            .refresh_every(Duration::from_secs(1))
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        let link = KeyedLink::new(&limiter, "a");
+        assert_eq!(link.take(0).unwrap().0.remaining(), 10);
+        clock.advance(Duration::from_millis(1_200));
+        // Same window length (1 s), capacity 2: the 4 taken are carried, capped at 2.
+        *quota.lock().unwrap() = "2/s".parse().unwrap();
+        let (taken, receipt) = link.take(4).unwrap();
+        assert!(taken.is_allowed(), "{name}: {taken:?}");
+        assert_eq!(limiter.quota_of("a").map(|q| q.capacity()), Some(2), "{name}");
+        link.give_back(receipt, 4);
+        let peek = link.take(0).unwrap().0;
+        assert_eq!(peek.remaining(), 0, "{name}: {peek:?}");
+    }
+    drive(TokenBucket);
+    drive(LeakyBucket::meter());
+    drive(FixedWindow);
+    drive(SlidingWindowLog);
+    drive(SlidingWindowCounter);
 }
 
 #[test]

@@ -370,6 +370,26 @@ fn token_bucket_stays_exact_across_epoch_moves() {
     run(TokenBucket, quota, start, &mut model, &ops);
 }
 
+/// A clock jump of more than 2^64 / c ns past the epoch (5 hours at `1000003/s`) before the
+/// next check or quota change: the scaled time of the jump does not fit a u64, and the bucket
+/// is simply full after it (the product overflowed before).
+#[test]
+fn token_bucket_survives_a_clock_jump_past_the_scaled_range() {
+    let quota: Quota = "1000003/s burst 11".parse().unwrap();
+    let hours = |h: u64| h * 3_600_000_000_000;
+    for change in [None, Some(quota), Some("1/s burst 3".parse::<Quota>().unwrap())] {
+        let clock = ManualClock::new(0);
+        let limiter = RateLimiter::with_clock(TokenBucket, quota, clock.clone()).unwrap();
+        assert!(limiter.check_n(11).unwrap().is_allowed());
+        clock.advance_nanos(hours(6));
+        if let Some(next) = change {
+            limiter.set_quota(next).unwrap();
+        }
+        let full = limiter.quota().capacity();
+        assert_eq!(limiter.check_n(0).unwrap().remaining(), full, "{change:?}");
+    }
+}
+
 /// A clock that runs into the end of the u64 range: checks keep working, never panic.
 #[test]
 fn every_algorithm_survives_the_end_of_time() {
@@ -562,8 +582,10 @@ proptest! {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Quota changes: what was consumed and still counts stays consumed (re-expressed in the new
-// quota's units, rounded up, capped at the new capacity) and recovers at the new rate.
+// Quota changes: what was consumed and still counts stays consumed (capped at the new
+// capacity) and recovers at the new rate. The bucket models carry it exactly at the same rate
+// and in whole units, rounded up, at another; the window models keep one grid per window
+// length, from the start, across every change.
 // ---------------------------------------------------------------------------------------------
 
 /// A model whose quota can change at `now`.
@@ -581,6 +603,20 @@ impl Bucket {
     }
 }
 
+/// What a bucket-like model carries into a new quota (`c`, `p`, capacity `cap`), given what it
+/// consumed in units of `1/old_p` of a unit at rate `old_c / old_p`: in units of `1/p`, at most
+/// `most`.
+fn carried(consumed: u128, (old_c, old_p): (u128, u128), (c, p): (u128, u128), most: u128) -> u128 {
+    if (old_c, old_p) == (c, p) {
+        // The same rate: exactly what was consumed.
+        consumed.min(most)
+    } else {
+        // Another rate: whole units, a partly consumed one counting as consumed.
+        let units = consumed.div_ceil(old_p);
+        (units * p).min(most)
+    }
+}
+
 impl QuotaModel for Bucket {
     fn set_quota(&mut self, now: u64, quota: &Quota) {
         self.refill(now);
@@ -590,7 +626,9 @@ impl QuotaModel for Bucket {
         // Consumption, borrowed tokens included, as a fraction of a unit with denominator `p`.
         let consumed = ((self.cap * self.p) as i128 - self.tokens) as u128;
         let cap = u128::from(quota.capacity());
-        let carried = (consumed * p).div_ceil(self.p).min(cap * p + delay_ns * c);
+        // At most the new capacity, and for a shaper what it may borrow besides.
+        let most = cap * p + delay_ns * c;
+        let carried = carried(consumed, (self.c, self.p), (c, p), most);
         *self = Self {
             cap,
             c,
@@ -611,29 +649,27 @@ impl QuotaModel for Level {
         let (c, p) = quota.reduced_rate();
         let (c, p) = (u128::from(c), u128::from(p));
         let cap = u128::from(quota.capacity());
-        self.level = (self.level * p).div_ceil(self.p).min(cap * p);
+        self.level = carried(self.level, (self.c, self.p), (c, p), cap * p);
         (self.cap, self.c, self.p) = (cap, c, p);
     }
 }
 
 impl QuotaModel for Windows {
     fn set_quota(&mut self, now: u64, quota: &Quota) {
-        let index = (now - self.epoch) / self.len;
+        // The units of the window holding `now` under the old length, capped at the new limit,
+        // go into the window holding `now` under the new length. Windows of every length are
+        // counted from the same start (no run here reaches a fixed window's horizon, where the
+        // limiter would move it).
+        let old_index = (now - self.epoch) / self.len;
         let used = self
             .counts
-            .get(&index)
+            .get(&old_index)
             .copied()
             .unwrap_or(0)
             .min(quota.capacity());
-        // The same window length keeps the grid; another one starts a window at the change.
-        let index = if quota.fill_time_nanos() == self.len {
-            index
-        } else {
-            (self.epoch, self.len) = (now, quota.fill_time_nanos());
-            0
-        };
-        self.counts = HashMap::from([(index, used)]);
+        self.len = quota.fill_time_nanos();
         self.limit = quota.capacity();
+        self.counts = HashMap::from([((now - self.epoch) / self.len, used)]);
     }
 }
 
@@ -652,14 +688,16 @@ impl QuotaModel for UnitLog {
 
 impl QuotaModel for WeightedWindows {
     fn set_quota(&mut self, now: u64, quota: &Quota) {
-        // What still counts becomes the count of a window starting at the change.
-        let used = self.used_at(now).min(quota.capacity());
-        *self = Self {
-            epoch: now,
-            len: quota.fill_time_nanos(),
-            limit: quota.capacity(),
-            counts: HashMap::from([(0, used)]),
-        };
+        let (len, limit) = (quota.fill_time_nanos(), quota.capacity());
+        // The same window length and limit: nothing changes.
+        if (len, limit) == (self.len, self.limit) {
+            return;
+        }
+        // Otherwise the estimate at `now`, capped at the new limit, is all that counts: in the
+        // window holding `now` under the new length, counted from the same start.
+        let used = self.used_at(now).min(limit);
+        (self.len, self.limit) = (len, limit);
+        self.counts = HashMap::from([((now - self.epoch) / len, used)]);
     }
 }
 

@@ -10,6 +10,10 @@ use crate::{Decision, Quota, QuotaError};
 /// rate, so `100/s` gives windows of 1 s admitting 100), starting at the limiter's epoch;
 /// each window admits up to `capacity`.
 ///
+/// A quota change keeps the units counted in the current window (capped at the new capacity)
+/// and puts them in the window of the new length that holds the change, on the same grid:
+/// windows of every length start at multiples of their length from the epoch.
+///
 /// The word holds a running total `window × capacity + used`, so moving to a new window and
 /// counting in it is one compare-and-swap, and a denial writes nothing. At a window boundary
 /// up to twice the capacity may pass in a short time: that is the algorithm, not a bug (the
@@ -137,14 +141,24 @@ impl Algorithm for FixedWindow {
         new: &WindowParams,
         now: u64,
     ) -> (u64, FixedWindowState) {
-        let used = total.saturating_sub(now / old.window * old.limit).min(new.limit);
-        // Same window length: keep the window grid. Otherwise a new window starts now.
-        let shift = if old.window == new.window {
-            now - now % old.window
+        // The units of the old window holding `now`, as a check counts them (a state already
+        // in a later window reads as full); saturating, as `now` may lie past the horizon
+        // after a clock jump.
+        let used = total
+            .saturating_sub((now / old.window).saturating_mul(old.limit))
+            .min(old.limit)
+            .min(new.limit);
+        // They go into the new length's window holding `now`, on the grid from the epoch. The
+        // epoch stays where it is while the running total fits, so every window length keeps
+        // the same origin (as Unix time does for the Redis script, across any number of
+        // changes). At the horizon (an epoch move; the keyed store caps `now` there) it moves
+        // by whole windows.
+        if now < self.horizon(new) {
+            let base = now / new.window * new.limit;
+            (0, FixedWindowState(AtomicU64::new(base + used)))
         } else {
-            now
-        };
-        (shift, FixedWindowState(AtomicU64::new(used)))
+            (now - now % new.window, FixedWindowState(AtomicU64::new(used)))
+        }
     }
 
     fn refund(&self, params: &WindowParams, state: &FixedWindowState, taken_at: u64, cost: u64) -> bool {

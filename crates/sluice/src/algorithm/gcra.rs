@@ -105,14 +105,24 @@ pub(crate) fn retire(state: &GcraState) -> u64 {
     word::retire(&state.0)
 }
 
+/// Carries the consumption of `tat` (under `old`) into a state under `new` at `now`.
+///
+/// The same rate (an epoch move, or a new capacity) keeps the scaled time exactly. Another rate
+/// counts the consumption in whole units, rounded up: the Redis script counts in µs-scaled
+/// units and this one in ns-scaled units, so only whole units re-express exactly in both (and a
+/// partly consumed unit stays consumed, which never over-admits).
 pub(crate) fn carry_over(old: &GcraParams, tat: u64, new: &GcraParams, now: u64) -> (u64, GcraState) {
-    let ahead = tat.saturating_sub(now * old.c);
-    // Consumed units are ahead / old.p; re-expressed in the new scale, rounded up so a change
-    // never hands out a fraction of a unit.
-    let scaled = (u128::from(ahead) * u128::from(new.p)).div_ceil(u128::from(old.p));
-    let ahead = u64::try_from(scaled)
-        .unwrap_or(u64::MAX)
-        .min(new.tau + new.max_delay);
+    // `now` may lie far past the horizon (a clock jump before an epoch move or a change): a
+    // product past u64 is past any TAT, so nothing is ahead.
+    let ahead = now.checked_mul(old.c).map_or(0, |t| tat.saturating_sub(t));
+    let cap = new.tau + new.max_delay; // below 2^61
+    let ahead = if (old.c, old.p) == (new.c, new.p) {
+        ahead.min(cap)
+    } else {
+        // Capped in units before multiplying: the product stays below 2^61 + 2^60.
+        let units = ahead.div_ceil(old.p).min(cap.div_ceil(new.p));
+        (units * new.p).min(cap)
+    };
     (now, GcraState(AtomicU64::new(ahead)))
 }
 

@@ -80,7 +80,27 @@ pub trait Algorithm: Send + Sync + 'static {
     /// `new` parameters. Returns how far the epoch moves (at most `now`) and the state.
     ///
     /// The rule, for every algorithm: what was consumed and still counts at `now` stays
-    /// consumed, capped at the new capacity, and then recovers at the new rate.
+    /// consumed, capped at the new capacity, and then recovers at the new rate. In detail (the
+    /// Redis scripts of `sluice-redis` carry a state over by the same rule, so both decide alike):
+    ///
+    /// - GCRA (token bucket, leaky bucket): at the same rate (same reduced `c/p`), the scaled
+    ///   time ahead is carried exactly, capped at the new burst (plus the maximum delay for a
+    ///   shaper). At another rate, the consumption counts in whole units rounded up,
+    ///   `ceil(ahead / p_old)`, capped at the new capacity (a shaper: at burst plus maximum
+    ///   delay, in scaled time), times `p_new`. Whole units re-express exactly both here (time
+    ///   in ns) and on Redis (time in µs); a partly consumed unit stays consumed.
+    /// - Fixed window: the units counted in the old length's window holding `now` (none if it
+    ///   ended), capped at the new limit, count in the new length's window holding `now`.
+    ///   Windows of every length start at multiples of their length from the epoch, which a
+    ///   change does not move (only an epoch move at the horizon does, by whole windows).
+    /// - Sliding window counter: the same window length and limit change nothing. Otherwise the
+    ///   weighted estimate at `now` (as a check computes it), capped at the new limit, becomes
+    ///   the count of the new length's window holding `now` (on the grid from the epoch, as for
+    ///   the fixed window), the previous window's count 0.
+    /// - Sliding window log: units that left the window under the shorter of the two lengths
+    ///   are gone; over the new limit, the oldest units are forgotten first.
+    ///
+    /// An epoch move calls this with the same parameters: it must carry the state exactly.
     fn carry_over(
         &self,
         old: &Self::Params,

@@ -12,6 +12,10 @@ use crate::{Decision, Quota, QuotaError};
 /// `previous × (window − elapsed) / window + current + cost ≤ capacity`, compared exactly in
 /// integers.
 ///
+/// A quota change (another window length or limit) turns the estimate at the change, capped at
+/// the new capacity, into the count of the new length's window that holds the change (windows
+/// of every length start at multiples of it from the epoch), with nothing before it.
+///
 /// Two counters and a window index do not fit one atomic word, so each limit has a mutex of
 /// its own.
 ///
@@ -152,17 +156,24 @@ impl Algorithm for SlidingWindowCounter {
         new: &WindowParams,
         now: u64,
     ) -> (u64, CounterState) {
+        c.retired = false;
+        // The same window and limit (an epoch move, or the same quota again): nothing changes.
+        if old == new {
+            return (0, CounterState(Mutex::new(c)));
+        }
         c.roll(now, old.window);
         let elapsed = now.saturating_sub(c.window * old.window).min(old.window);
         let used = weighted(c.previous, old.window - elapsed, old.window) + c.current;
-        // The consumption that still counts becomes the count of a window starting now.
+        // The estimate becomes the count of the new length's window holding `now`. The epoch
+        // stays, so windows of every length start at multiples of their length from it (as
+        // on Unix time for the Redis script), and the window indexes stay those of the epoch.
         let counters = Counters {
             retired: false,
-            window: 0,
+            window: now / new.window,
             previous: 0,
             current: used.min(new.limit),
         };
-        (now, CounterState(Mutex::new(counters)))
+        (0, CounterState(Mutex::new(counters)))
     }
 
     fn refund(&self, params: &WindowParams, state: &CounterState, taken_at: u64, cost: u64) -> bool {

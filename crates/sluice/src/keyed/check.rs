@@ -3,6 +3,7 @@
 
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
+use std::sync::atomic::Ordering;
 
 use super::book::LimitRef;
 use super::shard::{Entry, Room, meta};
@@ -89,7 +90,7 @@ where
         ) else {
             return Err(Miss::Stale);
         };
-        let receipt = Receipt::new(since, entry.epoch);
+        let receipt = Receipt::new(since, entry.tag(seen));
         let refresh = inner.claim_refresh(entry, seen, now);
         drop(guard);
         if refresh {
@@ -189,7 +190,7 @@ impl<K, A: Algorithm, S, C> Inner<K, A, S, C> {
         Checked {
             result,
             limit,
-            receipt: Receipt::new(since, entry.epoch),
+            receipt: Receipt::new(since, entry.tag(entry.meta.load(Ordering::Relaxed))),
         }
     }
 }

@@ -171,14 +171,16 @@ where
         let mut guard = self.shard(hash).write();
         let Some(i) = guard.find(hash, key) else { return };
         let entry = &mut guard.entries[i];
-        let seen = entry.meta.load(Ordering::Relaxed);
-        let mut bits = meta::with_fetched_at(seen & !meta::FETCHING, now);
+        let mut known = 0;
         if let Ok(limit) = resolved {
-            bits |= meta::KNOWN;
+            known = meta::KNOWN;
             if !limit.same(&entry.limit) {
                 entry.replace_limit(&self.algorithm, limit, now);
             }
         }
+        // Read after the replacement, which counts itself in the bookkeeping.
+        let seen = entry.meta.load(Ordering::Relaxed);
+        let bits = meta::with_fetched_at(seen & !meta::FETCHING, now) | known;
         entry.meta.store(bits, Ordering::Relaxed);
     }
 

@@ -2,6 +2,7 @@
 
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
+use std::sync::atomic::Ordering;
 
 use super::{KeyedLimiter, QuotaSource};
 use crate::chain::Receipt;
@@ -44,7 +45,8 @@ where
         let guard = inner.shard(hash).read();
         if let Some(i) = guard.find(hash, key) {
             let entry = &guard.entries[i];
-            if entry.epoch == receipt.tag() && receipt.at() <= entry.limit.horizon {
+            let bits = entry.meta.load(Ordering::Relaxed);
+            if entry.tag(bits) == receipt.tag() && receipt.at() <= entry.limit.horizon {
                 let params = &entry.limit.params;
                 inner.algorithm.refund(params, &entry.state, receipt.at(), cost);
             }

@@ -10,12 +10,14 @@ use crate::Algorithm;
 use crate::algorithm::succeed;
 
 /// The packed bookkeeping of an entry: recent-use count (bits 0–7), a fetch in flight (bit 8),
-/// a quota known from the source (bit 9), and when it was last fetched (bits 32–63, in units
-/// of 2^20 ns ≈ 1 ms, wrapping).
+/// a quota known from the source (bit 9), how many times the state was replaced (bits 10–31,
+/// wrapping), and when it was last fetched (bits 32–63, in units of 2^20 ns ≈ 1 ms, wrapping).
 pub(crate) mod meta {
     pub(crate) const FREQUENCY: u64 = 0xFF;
     pub(crate) const FETCHING: u64 = 1 << 8;
     pub(crate) const KNOWN: u64 = 1 << 9;
+    const GENERATION_SHIFT: u32 = 10;
+    const GENERATION: u64 = 0x3F_FFFF << GENERATION_SHIFT;
     pub(crate) const MAX_FREQUENCY: u64 = 15;
     /// The use count of a new entry: the check that brought it in.
     pub(crate) const ONE_USE: u64 = 1;
@@ -30,6 +32,14 @@ pub(crate) mod meta {
 
     pub(crate) fn with_fetched_at(meta: u64, now: u64) -> u64 {
         (meta & 0xFFFF_FFFF) | (tick(now) << 32)
+    }
+
+    pub(crate) fn generation(meta: u64) -> u64 {
+        (meta & GENERATION) >> GENERATION_SHIFT
+    }
+
+    pub(crate) fn next_generation(meta: u64) -> u64 {
+        (meta & !GENERATION) | (meta.wrapping_add(1 << GENERATION_SHIFT) & GENERATION)
     }
 }
 
@@ -66,6 +76,17 @@ impl<K, A: Algorithm> Entry<K, A> {
         self.state = state;
         self.epoch += shift;
         self.limit = limit;
+        // Receipts of the old state must not name the new one, which may keep the epoch.
+        let bits = self.meta.get_mut();
+        *bits = meta::next_generation(*bits);
+    }
+
+    /// The name receipts give the current state, given the entry's bookkeeping: the epoch plus
+    /// the replacement count. A replacement adds one to the count and never moves the epoch
+    /// back, so the states of one entry get distinct names (until the count wraps, after 2^22
+    /// replacements).
+    pub(crate) fn tag(&self, bits: u64) -> u64 {
+        self.epoch.wrapping_add(meta::generation(bits))
     }
 
     /// Counts a use, cheaply: plain stores until the count saturates, then nothing. Returns
