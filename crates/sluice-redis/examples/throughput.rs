@@ -278,7 +278,12 @@ async fn main() -> Result<(), Error> {
             strict_ratios.push(s / p);
             hybrid_ratios.push(h / s);
         }
-        let (c, p, s, h) = (median(ceilings), median(pipelined), median(stricts), median(hybrids));
+        let (c, p, s, h) = (
+            median(ceilings),
+            median(pipelined),
+            median(stricts),
+            median(hybrids),
+        );
         println!(
             "{callers:>7}  {c:>18.0}  {p:>24.0}  {s:>6.0}  {:>17.0}%  {h:>7.0}  {:>12.1}x",
             100.0 * median(strict_ratios),
