@@ -225,6 +225,7 @@ async fn redis_backend<A: RedisAlgorithm>(
     }
     let options = RedisOptions {
         timeout: redis.timeout,
+        degrade_after: redis.degrade_after,
         ..RedisOptions::default()
     };
     let store = match &redis.url {

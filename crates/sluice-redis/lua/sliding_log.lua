@@ -41,7 +41,8 @@ if changed then
   -- Carried as the core does: over the new limit, the oldest units are forgotten first.
   local excess = total - limit
   if excess > 0 then
-    local entries = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+    -- Each entry holds at least one unit: the oldest `excess` entries are all that can go.
+    local entries = redis.call('ZRANGE', KEYS[1], 0, excess - 1, 'WITHSCORES')
     for i = 1, #entries, 2 do
       local member = entries[i]
       local n = units(member)
@@ -74,7 +75,9 @@ end
 if total + cost > limit and not force then
   local needed = total + cost - limit
   local freed, retry = 0, 0
-  local entries = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+  -- Each entry holds at least one unit, so the oldest `needed` entries free enough: the work
+  -- of a denial grows with its cost, not with the key's capacity.
+  local entries = redis.call('ZRANGE', KEYS[1], 0, needed - 1, 'WITHSCORES')
   for i = 1, #entries, 2 do
     freed = freed + units(entries[i])
     if freed >= needed then

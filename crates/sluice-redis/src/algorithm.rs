@@ -125,3 +125,34 @@ pub fn visit_scripted<V: RedisAlgorithmVisitor>(
 ) -> Result<V::Output, UnsupportedAlgorithm> {
     visit_kind(kind, visitor).ok_or(UnsupportedAlgorithm { kind })
 }
+
+/// Checks that the Redis script of `kind` can hold `quota` exactly (its numbers are doubles,
+/// exact below 2^53), as a check would find out only when the quota is first used: for
+/// validating a config before it runs. [`Quota::deny_all`] always fits (no script runs).
+///
+/// # Example
+/// ```
+/// use sluice::AlgorithmKind;
+/// let quota = "100000/day".parse()?;
+/// assert!(sluice_redis::check_quota(AlgorithmKind::TokenBucket, &quota).is_ok());
+/// let err = sluice_redis::check_quota(AlgorithmKind::FixedWindow, &quota).unwrap_err();
+/// assert!(err.to_string().contains("too large for the Redis backend"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+/// [`Error::Unsupported`](crate::Error::Unsupported) for an algorithm without a Redis script;
+/// [`Error::QuotaTooLarge`](crate::Error::QuotaTooLarge) for a quota it cannot hold.
+pub fn check_quota(kind: AlgorithmKind, quota: &sluice::Quota) -> Result<(), crate::Error> {
+    struct Fits<'a>(&'a sluice::Quota);
+    impl RedisAlgorithmVisitor for Fits<'_> {
+        type Output = Result<(), crate::Error>;
+        fn visit<A: RedisAlgorithm>(self, algorithm: A) -> Self::Output {
+            if self.0.is_deny_all() {
+                return Ok(());
+            }
+            crate::script::Plan::new(kind_of(&algorithm), self.0).map(|_| ())
+        }
+    }
+    visit_scripted(kind, Fits(quota))?
+}

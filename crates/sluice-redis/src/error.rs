@@ -36,6 +36,9 @@ pub enum Error {
         /// What went wrong.
         reason: String,
     },
+    /// The algorithm has no Redis script.
+    #[error(transparent)]
+    Unsupported(#[from] crate::UnsupportedAlgorithm),
     /// A quota derived for the local share is invalid.
     #[error("invalid quota: {0}")]
     Quota(#[from] sluice::QuotaError),

@@ -44,11 +44,13 @@ mod source;
 mod store;
 mod sync;
 
-pub use algorithm::{RedisAlgorithm, RedisAlgorithmVisitor, UnsupportedAlgorithm, visit_scripted};
+pub use algorithm::{
+    RedisAlgorithm, RedisAlgorithmVisitor, UnsupportedAlgorithm, check_quota, visit_scripted,
+};
 pub use concurrency::{RedisConcurrencyLimiter, RedisPermit};
 pub use error::Error;
 pub use hybrid::{HybridLimiter, HybridMetrics};
 pub use limiter::{RedisLimit, RedisLimiter, RedisLimiterBuilder};
 pub use metrics::RedisMetrics;
 pub use policy::{FailurePolicy, UnknownPolicy};
-pub use store::{DEFAULT_TIMEOUT, RedisOptions, RedisStore, StoreMetrics};
+pub use store::{DEFAULT_DEGRADE_AFTER, DEFAULT_TIMEOUT, RedisOptions, RedisStore, StoreMetrics};

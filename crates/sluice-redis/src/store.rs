@@ -33,6 +33,10 @@ pub struct RedisOptions {
     pub probe_backoff: Duration,
     /// The longest wait between two probes (default 1 s).
     pub probe_backoff_max: Duration,
+    /// How many calls in a row must fail before the store counts Redis as unavailable and
+    /// stops asking it (default 3; at least 1). One slow call alone is answered by the failure
+    /// policy without sending everyone else there too.
+    pub degrade_after: u32,
 }
 
 /// The longest a check waits for Redis unless told otherwise ([`RedisOptions::timeout`]).
@@ -42,6 +46,14 @@ pub struct RedisOptions {
 /// ```
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 
+/// How many failed calls in a row mark Redis unavailable unless told otherwise
+/// ([`RedisOptions::degrade_after`]).
+///
+/// ```
+/// assert_eq!(sluice_redis::DEFAULT_DEGRADE_AFTER, sluice_redis::RedisOptions::default().degrade_after);
+/// ```
+pub const DEFAULT_DEGRADE_AFTER: u32 = 3;
+
 impl Default for RedisOptions {
     fn default() -> Self {
         Self {
@@ -49,6 +61,7 @@ impl Default for RedisOptions {
             connect_timeout: Duration::from_secs(2),
             probe_backoff: Duration::from_millis(50),
             probe_backoff_max: Duration::from_secs(1),
+            degrade_after: DEFAULT_DEGRADE_AFTER,
         }
     }
 }
@@ -355,6 +368,10 @@ impl RedisStore {
 /// Healthy, or degraded with a time for the next probe; probes back off exponentially.
 struct Health {
     degraded: AtomicBool,
+    /// Failed calls since the last success.
+    failing: AtomicU64,
+    /// `failing` at which Redis counts as unavailable.
+    degrade_after: u64,
     /// Monotonic ns at which the next probe may go out.
     next_probe: AtomicU64,
     backoff: AtomicU64,
@@ -381,6 +398,8 @@ impl Health {
         let min_backoff = saturating_nanos(options.probe_backoff).max(1);
         Self {
             degraded: AtomicBool::new(false),
+            failing: AtomicU64::new(0),
+            degrade_after: u64::from(options.degrade_after.max(1)),
             next_probe: AtomicU64::new(0),
             backoff: AtomicU64::new(min_backoff),
             min_backoff,
@@ -422,6 +441,9 @@ impl Health {
 
     fn succeeded(&self, url: &str, attempt: Attempt) {
         self.calls.fetch_add(1, Ordering::Relaxed);
+        if self.failing.load(Ordering::Relaxed) != 0 {
+            self.failing.store(0, Ordering::Relaxed);
+        }
         if attempt == Attempt::Probe {
             self.backoff.store(self.min_backoff, Ordering::Relaxed);
             if self.degraded.swap(false, Ordering::AcqRel) {
@@ -450,6 +472,11 @@ impl Health {
                 tracing::debug!(redis = url, %error, "probe failed; Redis still unavailable");
             }
             Attempt::Normal => {
+                let failing = self.failing.fetch_add(1, Ordering::Relaxed) + 1;
+                if failing < self.degrade_after {
+                    tracing::debug!(redis = url, %error, failing, "a Redis call failed; the failure policy answers it");
+                    return;
+                }
                 if !self.degraded.swap(true, Ordering::AcqRel) {
                     let backoff = self.backoff.load(Ordering::Relaxed);
                     self.next_probe

@@ -120,3 +120,56 @@ async fn concurrent_checks_during_an_outage_do_not_panic_or_hang() {
     let m = limiter.metrics();
     assert!(m.redis_checks + m.answered_by_policy() == 32 * 200, "{m:?}");
 }
+
+/// Stalls every client of `server` for `ms` milliseconds (`CLIENT PAUSE … ALL`), as a slow
+/// Redis or a network hiccup would.
+async fn pause(server: &RedisServer, ms: u64) {
+    let client = redis::Client::open(server.url()).expect("url");
+    let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(ms)
+        .arg("ALL")
+        .query_async(&mut conn)
+        .await
+        .expect("CLIENT PAUSE");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_slow_call_does_not_mark_redis_unavailable_but_three_in_a_row_do() {
+    let server = RedisServer::start();
+    let quota: Quota = "1000/s".parse().expect("quota");
+    let limiter = RedisLimiter::builder(TokenBucket, quota)
+        .unknown_key_quota(quota)
+        .policy(FailurePolicy::FailClosed)
+        .connect(&server.url(), options())
+        .await
+        .expect("limiter");
+    assert!(limiter.check_n("k", 1).await.expect("check").is_allowed());
+
+    // One check times out while Redis stalls: the policy answers it, nobody else.
+    pause(&server, 300).await;
+    assert!(!limiter.check_n("k", 1).await.expect("check").is_allowed());
+    let store = limiter.metrics().store;
+    assert_eq!(
+        (store.timeouts, store.degraded, store.outages),
+        (1, false, 0),
+        "{store:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let before = limiter.metrics().redis_checks;
+    assert!(limiter.check_n("k", 1).await.expect("check").is_allowed());
+    assert_eq!(
+        limiter.metrics().redis_checks,
+        before + 1,
+        "the next check goes to Redis"
+    );
+
+    // Three failures in a row (the default) mark it unavailable.
+    pause(&server, 1000).await;
+    for _ in 0..3 {
+        let _ = limiter.check_n("k", 1).await.expect("check");
+    }
+    let store = limiter.metrics().store;
+    assert!(store.degraded && store.outages == 1, "{store:?}");
+}

@@ -37,11 +37,18 @@ impl RawConfig {
             .map_err(|e| error("listen", format!("invalid address {:?}: {e}", self.listen)))?;
         let idle_timeout = positive("idle_timeout", &self.idle_timeout)?;
         let algorithm: AlgorithmKind = self.algorithm.parse().map_err(|e| error("algorithm", e))?;
+        let redis = self.redis.map(|r| r.check(algorithm)).transpose()?;
+        let on_redis = redis.is_some();
         let held = |field: &str, quota: Quota| -> Result<Quota, ConfigError> {
             algorithm
                 .check(&quota)
-                .map(|()| quota)
-                .map_err(|e| error(field, format!("{algorithm} cannot hold {quota}: {e}")))
+                .map_err(|e| error(field, format!("{algorithm} cannot hold {quota}: {e}")))?;
+            // On Redis the script's numbers bound the quota too: refuse it here rather than
+            // deny every request for it at run time.
+            if on_redis {
+                sluice_redis::check_quota(algorithm, &quota).map_err(|e| error(field, e))?;
+            }
+            Ok(quota)
         };
         let failsafe = held("failsafe", quota("failsafe", &self.failsafe)?)?;
         let unknown = held("unknown", quota("unknown", &self.unknown)?)?;
@@ -61,7 +68,7 @@ impl RawConfig {
             fetch_latency,
             refresh,
             capacity,
-            redis: self.redis.map(|r| r.check(algorithm)).transpose()?,
+            redis,
         };
 
         let key_parts = key_parts(&self.key)?;

@@ -253,6 +253,48 @@ mod tests {
     }
 
     #[test]
+    fn quotas_beyond_the_redis_scripts_bounds_are_refused_up_front() {
+        let file = "algorithm: fixed_window\naccounts:\n  big: 100000/day\n";
+        // In memory the quota is fine; on Redis its window × capacity passes 2^50 µs.
+        let settings = parse(file).unwrap();
+        let err = with_redis_url(settings, "redis://127.0.0.1:6379").unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("accounts.big (with --redis): quota 100000/day"),
+            "{err}"
+        );
+        let err = parse(&format!("{file}redis:\n  url: redis://127.0.0.1:6379\n")).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("accounts.big: quota 100000/day is too large"),
+            "{err}"
+        );
+        // The token bucket's script holds it.
+        let file = file.replace("fixed_window", "token_bucket");
+        assert!(parse(&format!("{file}redis:\n  url: redis://127.0.0.1:6379\n")).is_ok());
+    }
+
+    #[test]
+    fn redis_degrade_after_is_at_least_one() {
+        let base = "redis:\n  url: redis://127.0.0.1:6379\n";
+        assert_eq!(
+            parse(&format!("{base}  degrade_after: 5\n"))
+                .unwrap()
+                .limiter
+                .redis
+                .unwrap()
+                .degrade_after,
+            5
+        );
+        let err = parse(&format!("{base}  degrade_after: 0\n")).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("redis.degrade_after: must be at least 1"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn durations() {
         assert_eq!(duration("f", "100ms").unwrap(), Duration::from_millis(100));
         assert_eq!(duration("f", "1.5s").unwrap(), Duration::from_millis(1500));

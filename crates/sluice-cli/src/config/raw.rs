@@ -60,6 +60,7 @@ pub(super) struct RawRedis {
     pub policy: Option<String>,
     pub hosts: Option<u64>,
     pub timeout: Option<String>,
+    pub degrade_after: Option<u32>,
     pub prefix: Option<String>,
 }
 

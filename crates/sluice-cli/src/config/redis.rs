@@ -22,6 +22,8 @@ pub struct RedisSettings {
     pub hosts: u64,
     /// The longest a check waits for Redis.
     pub timeout: Duration,
+    /// Failed calls in a row after which Redis counts as unavailable.
+    pub degrade_after: u32,
     /// The prefix of every Redis key.
     pub prefix: String,
 }
@@ -34,6 +36,7 @@ impl Default for RedisSettings {
             policy: FailurePolicy::default(),
             hosts: 1,
             timeout: sluice_redis::DEFAULT_TIMEOUT,
+            degrade_after: sluice_redis::DEFAULT_DEGRADE_AFTER,
             prefix: "sluice".into(),
         }
     }
@@ -44,6 +47,16 @@ impl Default for RedisSettings {
 pub fn with_redis_url(mut settings: Settings, url: &str) -> Result<Settings, ConfigError> {
     check_url("--redis", url)?;
     check_algorithm("--redis", settings.limiter.algorithm)?;
+    // The file's quotas were checked without Redis' bounds: check them now.
+    let algorithm = settings.limiter.algorithm;
+    let fits = |field: String, quota: &sluice::Quota| {
+        sluice_redis::check_quota(algorithm, quota).map_err(|e| error(format!("{field} (with --redis)"), e))
+    };
+    fits("failsafe".into(), &settings.limiter.failsafe)?;
+    fits("unknown".into(), &settings.limiter.unknown)?;
+    for (name, quota) in &settings.accounts {
+        fits(format!("accounts.{name}"), quota)?;
+    }
     let redis = settings.limiter.redis.get_or_insert_with(RedisSettings::default);
     redis.url = Some(url.to_string());
     redis.cluster.clear();
@@ -98,6 +111,13 @@ impl RawRedis {
         if timeout.is_zero() {
             return Err(error("redis.timeout", "must be longer than 0"));
         }
+        let degrade_after = self.degrade_after.unwrap_or(defaults.degrade_after);
+        if degrade_after == 0 {
+            return Err(error(
+                "redis.degrade_after",
+                "must be at least 1 (failed calls in a row)",
+            ));
+        }
         let prefix = self.prefix.unwrap_or(defaults.prefix);
         if prefix.is_empty() {
             return Err(error("redis.prefix", "must not be empty"));
@@ -108,6 +128,7 @@ impl RawRedis {
             policy,
             hosts,
             timeout,
+            degrade_after,
             prefix,
         })
     }
