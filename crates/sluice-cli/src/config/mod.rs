@@ -35,9 +35,26 @@ pub struct ConfigError {
 
 fn error(field: impl Into<String>, message: impl ToString) -> ConfigError {
     ConfigError {
-        field: field.into(),
-        message: message.to_string(),
+        field: one_line(field.into()),
+        message: one_line(message.to_string()),
     }
+}
+
+/// `text` with control characters escaped (`\n`), so an error stays one line whatever the
+/// file's keys hold: a key may contain line breaks, and is echoed in the field path.
+fn one_line(text: String) -> String {
+    if !text.contains(char::is_control) {
+        return text;
+    }
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// What shapes the keyed limiter itself; a change to any of these needs a new limiter.
@@ -209,6 +226,17 @@ mod tests {
             let e = parse(text).unwrap_err();
             assert_eq!(e.field, field, "{text:?} gave {e}");
         }
+    }
+
+    #[test]
+    fn errors_are_one_line_whatever_the_keys_hold() {
+        // Found by the config fuzz target: a flow mapping's key with line breaks in it.
+        let e = parse("costs:\n  - {p\r\r\rath: /a, cost: 1}\n").unwrap_err();
+        assert!(e.field.starts_with("costs[0].p\\n"), "{e}");
+        assert!(!e.to_string().contains(['\n', '\r']), "{e}");
+        let e = parse("accounts:\n  \"a\\nb\\u0000\": 1/x\n").unwrap_err();
+        assert_eq!(e.field, "accounts.a\\nb\\u{0}");
+        assert!(!e.to_string().contains(['\n', '\0']), "{e}");
     }
 
     #[test]
