@@ -50,7 +50,8 @@ pub(crate) fn choose(input: &mut Input<'_>) -> (ClientIpHeader, IpAddr, Vec<IpNe
 
 /// `data` as a trusted proxy's header lines: never a panic; an untrusted peer, or a trusted
 /// one without the header, is the client; an address comes back canonical (IPv4-mapped as
-/// IPv4); the other two headers are never read; a list that is not malformed, extended by a
+/// IPv4); an `X-Forwarded-For` with a byte outside ASCII is refused as malformed; the other
+/// two headers are never read; a list that is not malformed, extended by a
 /// trusted proxy with an untrusted address, names that address, and a malformed one stays
 /// refused.
 pub fn client_ip(data: &[u8]) {
@@ -72,6 +73,11 @@ pub fn client_ip(data: &[u8]) {
     match result {
         Ok(ip) => assert_eq!(ip, ip.to_canonical()),
         Err(e) => assert!(!e.body().is_empty()),
+    }
+    // No proxy writes a byte outside ASCII in an X-Forwarded-For hop: refused, not skipped.
+    let not_ascii = lines.iter().any(|line| !line.as_bytes().is_ascii());
+    if trusted && header == ClientIpHeader::XForwardedFor && not_ascii {
+        assert_eq!(result, Err(ClientIpError::Malformed(header)), "{lines:?}");
     }
 
     let mut noisy = headers.clone();
