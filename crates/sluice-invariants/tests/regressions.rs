@@ -13,3 +13,12 @@ fn config_error_for_a_key_with_line_breaks_is_one_line() {
           ipv6_prefix: 56\ncosts:\n  - {p\r\r\r\r\r\r\r\rath: /a, cost: 1}\n",
     );
 }
+
+/// `quota`: a duration with more zero decimals than a `u64` power of ten holds
+/// (`0.000…0min`, exactly 0) was refused as finer than a nanosecond; so was
+/// `1.000000000000000000000s`. Durations now drop a fraction's trailing zeros first.
+#[test]
+fn durations_with_many_zero_decimals_are_read() {
+    sluice_invariants::quota(b"0.000000000000000000000000min");
+    sluice_invariants::quota(b"1.000000000000000000000s");
+}
