@@ -54,6 +54,12 @@ pub(crate) fn choose(input: &mut Input<'_>) -> (ClientIpHeader, IpAddr, Vec<IpNe
 /// two headers are never read; a list that is not malformed, extended by a
 /// trusted proxy with an untrusted address, names that address, and a malformed one stays
 /// refused.
+///
+/// # Example
+/// ```
+/// // X-Forwarded-For, from 10.0.0.1, trusting 10.0.0.0/8: two lines.
+/// sluice_invariants::client_ip(b"\x00\x00\x01198.51.100.1, 10.0.0.3\n203.0.113.9");
+/// ```
 pub fn client_ip(data: &[u8]) {
     let mut input = Input::new(data);
     let (header, peer, nets) = choose(&mut input);

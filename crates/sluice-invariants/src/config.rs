@@ -7,6 +7,12 @@ use sluice_http::{MAX_KEY_LEN, RateLimitLayer, RouteCosts, TrustedProxies};
 /// `data` as a config file: checking never panics; a refusal names a field and fits on one
 /// line; accepted settings are within their documented ranges and the layer accepts them
 /// (a config that validates is one the server can run).
+///
+/// # Example
+/// ```
+/// sluice_invariants::config(b"key:\n  from: [ip]\nipv6_prefix: 56\n");
+/// sluice_invariants::config(b"{p\r\rs");
+/// ```
 pub fn config(data: &[u8]) {
     match parse_bytes(data) {
         Ok(settings) => settings_hold(&settings),

@@ -72,6 +72,12 @@ impl LimitBackend for Recorder {
 /// no two different requests share a key); a key header sent twice is refused; an IPv6
 /// client is keyed by its network; a refusal for the client IP comes only from a trusted
 /// proxy's header.
+///
+/// # Example
+/// ```
+/// // Two header parts, A = `x|y` and B = `z`.
+/// sluice_invariants::key(b"\x03\x40\x3f\x00\x00\x01\x01x|y\n\x02z");
+/// ```
 pub fn key(data: &[u8]) {
     let mut input = Input::new(data);
     let parts: Vec<KeyPart> = input.pick(&KEYS).iter().map(|p| part(p)).collect();

@@ -6,6 +6,12 @@ use sluice::{Quota, parse_duration};
 /// text that parses back to the same quota, with its rate in lowest terms and a capacity of
 /// 0 only when it denies everything; a parsed duration reads back from its nanoseconds, and
 /// is exactly what its decimal number times its unit is (or it is refused).
+///
+/// # Example
+/// ```
+/// sluice_invariants::quota(b"1.1/s burst 3");
+/// sluice_invariants::quota(b"\xff/\x00");
+/// ```
 pub fn quota(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
     match text.parse::<Quota>() {

@@ -29,6 +29,11 @@ fn most(method: &Method) -> u64 {
 /// the most its method can; and respelling a normal path (escaping unreserved characters,
 /// doubling slashes, adding `.` and `x/..` segments) changes neither its normal form nor its
 /// cost.
+///
+/// # Example
+/// ```
+/// sluice_invariants::route_cost(b"\x00\x00//a/../%65xport");
+/// ```
 pub fn route_cost(data: &[u8]) {
     let mut input = Input::new(data);
     let method = METHODS[usize::from(input.byte()) % METHODS.len()].clone();
