@@ -131,6 +131,8 @@ impl App {
             .default_key(settings.default_key.clone())
             .max_key_len(settings.max_key_len)
             .trusted_proxies(TrustedProxies::new(settings.trusted_proxies.iter().copied()))
+            .client_ip_header(settings.client_ip_header)
+            .ipv6_prefix(settings.ipv6_prefix)
             .bypass(settings.bypass.iter().cloned())
             .costs(RouteCosts::new(settings.costs.iter().cloned()))
             .headers_on_allow(settings.headers)

@@ -2,7 +2,6 @@
 //! generator (`loadtest`).
 
 mod app;
-mod config;
 mod connection;
 mod redis_backend;
 mod server;
@@ -13,6 +12,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use sluice_cli::config;
 use tracing::level_filters::LevelFilter;
 
 /// Exact, fast, bounded rate limiting.

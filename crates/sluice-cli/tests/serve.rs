@@ -217,7 +217,11 @@ fn forwarded_addresses_count_only_from_trusted_proxies() {
         "keyed by the right-most untrusted"
     );
     assert_eq!(client.get("/", &[("X-Forwarded-For", "203.0.113.9")]).status, 200);
-    assert_eq!(client.get("/", &[("Forwarded", "for=203.0.113.9")]).status, 429);
+    assert_eq!(client.get("/", &[("X-Forwarded-For", "203.0.113.9")]).status, 429);
+    // Forwarded is not the configured header (x-forwarded-for by default): not read, so
+    // this is the proxy's own request.
+    let r = client.get("/", &[("Forwarded", "for=203.0.113.9")]);
+    assert_eq!((r.status, r.number("x-ratelimit-limit")), (200, 5));
     // The forged left-most entry changes nothing: still 203.0.113.9, still denied.
     assert_eq!(
         client
@@ -227,6 +231,148 @@ fn forwarded_addresses_count_only_from_trusted_proxies() {
     );
     // Without a header the trusted peer itself is the client.
     assert_eq!(client.get("/", &[]).number("x-ratelimit-limit"), 5);
+}
+
+/// Keyed by client IP behind a trusted proxy on 127.0.0.1, one request a minute each.
+const BEHIND_A_PROXY: &str = "
+fetch_latency: 0s
+key:
+  from: [ip]
+trusted_proxies: [127.0.0.1/32]
+unknown: 1/min
+";
+
+#[test]
+fn a_client_cannot_pick_its_address_with_a_header_the_proxy_does_not_write() {
+    let (server, _dir) = start(&format!("{BEHIND_A_PROXY}client_ip_header: x-forwarded-for\n"));
+    let mut client = server.client();
+    // The proxy appends the spoofer's real address to X-Forwarded-For; the spoofer makes up
+    // a new Forwarded each time.
+    let admitted = (0..20)
+        .map(|i| {
+            let forged = format!("for=198.51.100.{i}");
+            client.get("/", &[("X-Forwarded-For", "203.0.113.8"), ("Forwarded", &forged)])
+        })
+        .inspect(|r| assert!(r.status == 200 || r.status == 429, "{r:?}"))
+        .filter(|r| r.status == 200)
+        .count();
+    assert_eq!(admitted, 1);
+    // With `forwarded` configured, X-Forwarded-For is the one ignored.
+    let (server, _dir) = start(&format!("{BEHIND_A_PROXY}client_ip_header: forwarded\n"));
+    let mut client = server.client();
+    let statuses: Vec<u16> = (0..3)
+        .map(|i| {
+            let forged = format!("198.51.100.{i}");
+            client
+                .get(
+                    "/",
+                    &[("Forwarded", "for=203.0.113.8"), ("X-Forwarded-For", &forged)],
+                )
+                .status
+        })
+        .collect();
+    assert_eq!(statuses, [200, 429, 429]);
+}
+
+#[test]
+fn a_malformed_forwarding_header_is_refused_and_charges_no_one() {
+    let (server, _dir) = start(BEHIND_A_PROXY);
+    let mut proxied = server.client();
+    let r = proxied.request_bytes("GET", "/", &[("X-Forwarded-For", b"\xff, 203.0.113.8")]);
+    assert_eq!(
+        (r.status, r.body.as_str()),
+        (400, "Malformed X-Forwarded-For header")
+    );
+    let r = proxied.get("/", &[("X-Forwarded-For", "203.0.113.8, unknown")]);
+    assert_eq!(
+        (r.status, r.body.as_str()),
+        (400, "X-Forwarded-For header gives no client address")
+    );
+    // Not keyed as the proxy: a plain request from another client on 127.0.0.1 still has
+    // its one request.
+    assert_eq!(server.client().get("/", &[]).status, 200);
+    assert_eq!(server.client().get("/", &[]).status, 429);
+    // Lines of the header continue one list: the proxy's appended line wins.
+    let r = proxied.get(
+        "/",
+        &[
+            ("X-Forwarded-For", "192.0.2.1"),
+            ("X-Forwarded-For", "203.0.113.9"),
+        ],
+    );
+    assert_eq!(r.status, 200);
+    let r = proxied.get("/", &[("X-Forwarded-For", "192.0.2.2, 203.0.113.9")]);
+    assert_eq!(r.status, 429, "the same client as the two lines above");
+}
+
+#[test]
+fn ipv6_clients_share_their_network_s_quota() {
+    let (server, _dir) = start(BEHIND_A_PROXY);
+    let mut client = server.client();
+    let r = client.get("/", &[("X-Forwarded-For", "2001:db8:1:2::1")]);
+    assert_eq!(r.status, 200);
+    // Another address of the same /64: the same key.
+    assert_eq!(
+        client
+            .get("/", &[("X-Forwarded-For", "2001:db8:1:2:ffff::9")])
+            .status,
+        429
+    );
+    assert_eq!(
+        client.get("/", &[("X-Forwarded-For", "2001:db8:1:3::1")]).status,
+        200
+    );
+    // IPv4-mapped: the IPv4 client.
+    assert_eq!(client.get("/", &[("X-Forwarded-For", "192.0.2.7")]).status, 200);
+    assert_eq!(
+        client.get("/", &[("X-Forwarded-For", "::ffff:192.0.2.7")]).status,
+        429
+    );
+
+    let (server, _dir) = start(&format!("{BEHIND_A_PROXY}ipv6_prefix: 128\n"));
+    let mut client = server.client();
+    assert_eq!(
+        client.get("/", &[("X-Forwarded-For", "2001:db8:1:2::1")]).status,
+        200
+    );
+    assert_eq!(
+        client.get("/", &[("X-Forwarded-For", "2001:db8:1:2::2")]).status,
+        200
+    );
+}
+
+#[test]
+fn a_key_header_sent_twice_is_refused() {
+    let (server, _dir) = start(CONFIG);
+    let mut client = server.client();
+    let r = client.get(
+        "/",
+        &[
+            ("X-Account-ID", "alice@example.com"),
+            ("X-Account-ID", "admin@example.com"),
+        ],
+    );
+    assert_eq!((r.status, r.body.as_str()), (400, "Key header repeated"));
+    // Nothing was counted against alice.
+    assert_eq!(admitted(&mut client, Some("alice@example.com"), 10), 3);
+}
+
+#[test]
+fn other_spellings_of_a_route_pay_its_cost() {
+    let (server, _dir) = start(CONFIG);
+    let mut client = server.client();
+    // /export costs 3: alice's whole quota, carol's 3 of 5.
+    let r = client.get("//export", &[("X-Account-ID", "alice@example.com")]);
+    assert_eq!((r.status, r.number("x-ratelimit-remaining")), (200, 0));
+    let r = client.get("/%65xport", &[("X-Account-ID", "carol@example.com")]);
+    assert_eq!((r.status, r.number("x-ratelimit-remaining")), (200, 2));
+    // Only 2 left: a third spelling is denied, as /export itself would be.
+    let r = client.get("/a/../export", &[("X-Account-ID", "carol@example.com")]);
+    assert_eq!(r.status, 429);
+    // A path that cannot be normalised pays the most a rule charges: still 3.
+    let r = client.get("/x%2F..%2Fexport", &[("X-Account-ID", "carol@example.com")]);
+    assert_eq!(r.status, 429);
+    assert_eq!(client.as_account(Some("carol@example.com")).status, 200);
 }
 
 #[test]
@@ -242,6 +388,15 @@ fn bearer_keys_and_combined_keys() {
         429,
         "k1|ANONYMOUS is unknown"
     );
+    // A '|' inside a part is escaped: `k1|web` + `x` is not `k1` + `web|x`.
+    let (server, _dir) = start(
+        "fetch_latency: 0s\nkey:\n  from: [bearer, header:Client-Id]\naccounts:\n  'k1\\|web|x': 1/min\n",
+    );
+    let mut client = server.client();
+    let spoof = [("Authorization", "Bearer k1"), ("Client-Id", "web|x")];
+    assert_eq!(client.get("/", &spoof).status, 429, "unknown: 0/s");
+    let owner = [("Authorization", "Bearer k1|web"), ("Client-Id", "x")];
+    assert_eq!(client.get("/", &owner).status, 200);
 }
 
 #[test]

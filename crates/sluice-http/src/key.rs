@@ -7,6 +7,8 @@ use std::str::FromStr;
 use http::HeaderMap;
 use http::header::{AUTHORIZATION, HeaderName};
 
+use crate::proxy::{ClientIpError, ipv6_network};
+
 /// The longest key that can ever be built (the configured maximum is capped to it).
 ///
 /// # Example
@@ -84,6 +86,23 @@ impl fmt::Display for KeyPart {
 pub(crate) enum KeyRejection {
     TooLong,
     NotText,
+    /// A key header (or `Authorization`, for a bearer part) sent more than once: which one
+    /// counts would depend on the proxies in between.
+    Repeated,
+    /// A trusted proxy's client IP header that gives no usable address.
+    ClientIp(ClientIpError),
+}
+
+impl KeyRejection {
+    /// The body of the 400 answer.
+    pub(crate) fn body(self) -> &'static str {
+        match self {
+            Self::TooLong => "Key too long",
+            Self::NotText => "Key is not text",
+            Self::Repeated => "Key header repeated",
+            Self::ClientIp(e) => e.body(),
+        }
+    }
 }
 
 /// A key built on the stack, so building one allocates nothing.
@@ -112,6 +131,19 @@ impl KeyBuf {
         Ok(())
     }
 
+    /// `part` with `\` and `|` escaped by a `\`, so joined parts split back one way only.
+    fn push_escaped(&mut self, part: &str) -> Result<(), KeyRejection> {
+        let mut rest = part;
+        while let Some(i) = rest.find(['\\', '|']) {
+            let (plain, special) = rest.split_at(i);
+            self.push(plain)?;
+            self.push("\\")?;
+            self.push(&special[..1])?;
+            rest = &special[1..];
+        }
+        self.push(rest)
+    }
+
     fn as_str(&self) -> &str {
         // Only whole `&str`s are pushed, so the bytes are UTF-8.
         std::str::from_utf8(&self.bytes[..self.len]).unwrap_or_default()
@@ -124,12 +156,16 @@ impl fmt::Write for KeyBuf {
     }
 }
 
-/// Builds keys from requests: one part, or several joined by `|`.
+/// Builds keys from requests: one part as it is, or several joined by `|` with `\` and `|`
+/// inside each part escaped by `\` (`x|y` and `z` make `x\|y|z`; `x` and `y|z` make
+/// `x|y\|z`).
 #[derive(Debug, Clone)]
 pub(crate) struct KeySource {
     pub(crate) parts: Vec<KeyPart>,
     pub(crate) default_key: String,
     pub(crate) max_len: usize,
+    /// IPv6 clients are keyed by their network of this many bits (1 to 128).
+    pub(crate) ipv6_prefix: u8,
 }
 
 impl KeySource {
@@ -171,34 +207,63 @@ impl KeySource {
         if let Some(key) = self.borrowed_key(headers) {
             return key;
         }
+        let joined = self.parts.len() > 1;
         for (i, part) in self.parts.iter().enumerate() {
             if i > 0 {
                 buf.push("|")?;
             }
             match part {
-                KeyPart::ClientIp => self.write_ip(ip, buf)?,
-                _ => buf.push(self.text_part(part, headers)?.unwrap_or(&self.default_key))?,
+                KeyPart::ClientIp => match ip {
+                    // An address has no `\` or `|`: nothing to escape.
+                    Some(ip) => self.write_ip(ip, buf)?,
+                    None if joined => buf.push_escaped(&self.default_key)?,
+                    None => buf.push(&self.default_key)?,
+                },
+                _ => {
+                    let text = self.text_part(part, headers)?.unwrap_or(&self.default_key);
+                    if joined {
+                        buf.push_escaped(text)?;
+                    } else {
+                        buf.push(text)?;
+                    }
+                }
             }
         }
         Ok(buf.as_str())
     }
 
-    fn write_ip(&self, ip: Option<IpAddr>, buf: &mut KeyBuf) -> Result<(), KeyRejection> {
-        match ip {
-            Some(ip) => write!(buf, "{ip}").map_err(|_| KeyRejection::TooLong),
-            None => buf.push(&self.default_key),
-        }
+    /// An IPv4 address as it is; an IPv6 one as its network (`2001:db8:1:2::/64`), unless the
+    /// prefix is 128 (the address alone). IPv4-mapped IPv6 addresses are IPv4.
+    fn write_ip(&self, ip: IpAddr, buf: &mut KeyBuf) -> Result<(), KeyRejection> {
+        let written = match ip.to_canonical() {
+            IpAddr::V6(v6) if self.ipv6_prefix < 128 => {
+                write!(buf, "{}/{}", ipv6_network(v6, self.ipv6_prefix), self.ipv6_prefix)
+            }
+            ip => write!(buf, "{ip}"),
+        };
+        written.map_err(|_| KeyRejection::TooLong)
     }
 
     fn text_part<'a>(&self, part: &KeyPart, headers: &'a HeaderMap) -> Result<Option<&'a str>, KeyRejection> {
-        let raw = match part {
-            KeyPart::Header(name) => headers.get(name).map(|v| v.as_bytes()),
-            KeyPart::Bearer => headers
-                .get(AUTHORIZATION)
-                .and_then(|v| bearer_token(v.as_bytes())),
-            KeyPart::ClientIp => None,
+        let name = match part {
+            KeyPart::Header(name) => name,
+            KeyPart::Bearer => &AUTHORIZATION,
+            KeyPart::ClientIp => return Ok(None),
         };
-        let Some(raw) = raw else { return Ok(None) };
+        let mut values = headers.get_all(name).iter();
+        let Some(value) = values.next() else {
+            return Ok(None);
+        };
+        if values.next().is_some() {
+            return Err(KeyRejection::Repeated);
+        }
+        let raw = match part {
+            KeyPart::Bearer => match bearer_token(value.as_bytes()) {
+                Some(token) => token,
+                None => return Ok(None),
+            },
+            _ => value.as_bytes(),
+        };
         if raw.len() > self.max_len {
             return Err(KeyRejection::TooLong);
         }
@@ -224,6 +289,7 @@ mod tests {
             parts: parts.iter().map(|p| p.parse().unwrap()).collect(),
             default_key: "ANONYMOUS".into(),
             max_len,
+            ipv6_prefix: 64,
         }
     }
 
@@ -288,6 +354,65 @@ mod tests {
             key_of(&both, &[("x-account-id", "abcd")], ip),
             Err(KeyRejection::TooLong)
         );
+    }
+
+    #[test]
+    fn joined_parts_cannot_collide() {
+        let two = source(&["header:A", "header:B"], 64);
+        let left = key_of(&two, &[("a", "x|y"), ("b", "z")], None).unwrap();
+        let right = key_of(&two, &[("a", "x"), ("b", "y|z")], None).unwrap();
+        assert_eq!((left.as_str(), right.as_str()), (r"x\|y|z", r"x|y\|z"));
+        // A backslash is escaped too, so it cannot forge an escape.
+        let slash = key_of(&two, &[("a", "x\\"), ("b", "z")], None).unwrap();
+        let escaped_bar = key_of(&two, &[("a", "x|"), ("b", "z")], None).unwrap();
+        assert_eq!((slash.as_str(), escaped_bar.as_str()), (r"x\\|z", r"x\||z"));
+        // One part is the key as sent.
+        let one = source(&["header:A"], 64);
+        assert_eq!(key_of(&one, &[("a", "x|y")], None).unwrap(), "x|y");
+        // Escaping counts against the maximum.
+        let short = source(&["header:A", "header:B"], 4);
+        assert_eq!(key_of(&short, &[("a", "x"), ("b", "yz")], None).unwrap(), "x|yz");
+        assert_eq!(
+            key_of(&short, &[("a", "x"), ("b", "y|")], None),
+            Err(KeyRejection::TooLong)
+        );
+    }
+
+    #[test]
+    fn a_key_header_sent_twice_is_refused() {
+        let account = source(&["header:X-Account-ID"], 64);
+        let twice = [("x-account-id", "alice"), ("x-account-id", "mallory")];
+        assert_eq!(key_of(&account, &twice, None), Err(KeyRejection::Repeated));
+        let both = source(&["header:X-Account-ID", "ip"], 64);
+        assert_eq!(key_of(&both, &twice, None), Err(KeyRejection::Repeated));
+        let bearer = source(&["bearer"], 64);
+        let two_tokens = [("authorization", "Bearer a"), ("authorization", "Bearer b")];
+        assert_eq!(key_of(&bearer, &two_tokens, None), Err(KeyRejection::Repeated));
+        // Other headers may repeat.
+        assert_eq!(
+            key_of(
+                &account,
+                &[("x-account-id", "alice"), ("accept", "a"), ("accept", "b")],
+                None
+            )
+            .unwrap(),
+            "alice"
+        );
+    }
+
+    #[test]
+    fn ipv6_clients_are_keyed_by_their_network() {
+        let mut by_ip = source(&["ip"], 64);
+        let key = |s: &KeySource, ip: &str| key_of(s, &[], Some(ip.parse().unwrap())).unwrap();
+        assert_eq!(key(&by_ip, "2001:db8:1:2:aaaa::1"), "2001:db8:1:2::/64");
+        assert_eq!(key(&by_ip, "2001:db8:1:2:bbbb::7"), "2001:db8:1:2::/64");
+        assert_eq!(key(&by_ip, "2001:db8:1:3::1"), "2001:db8:1:3::/64");
+        assert_eq!(key(&by_ip, "::ffff:192.0.2.1"), "192.0.2.1");
+        assert_eq!(key(&by_ip, "192.0.2.1"), "192.0.2.1");
+        by_ip.ipv6_prefix = 48;
+        assert_eq!(key(&by_ip, "2001:db8:1:3::1"), "2001:db8:1::/48");
+        by_ip.ipv6_prefix = 128;
+        assert_eq!(key(&by_ip, "2001:db8:1:3::1"), "2001:db8:1:3::1");
     }
 
     #[test]

@@ -56,9 +56,12 @@ mod layer;
 mod proxy;
 
 pub use backend::{CheckFuture, LimitBackend};
-pub use cost::{CostRule, RouteCosts};
+pub use cost::{CostRule, PathError, RouteCosts, normalize_path};
 pub use key::{KeyPart, KeyPartError, MAX_KEY_LEN};
 pub use layer::{
-    BuildError, EXCEEDED_BODY, PeerAddrReader, RateLimit, RateLimitBuilder, RateLimitLayer, ResponseFuture,
+    BuildError, DEFAULT_IPV6_PREFIX, EXCEEDED_BODY, PeerAddrReader, RateLimit, RateLimitBuilder,
+    RateLimitLayer, ResponseFuture,
 };
-pub use proxy::{IpNet, IpNetError, PeerAddr, TrustedProxies};
+pub use proxy::{
+    ClientIpError, ClientIpHeader, ClientIpHeaderError, IpNet, IpNetError, PeerAddr, TrustedProxies,
+};

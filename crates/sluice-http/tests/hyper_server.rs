@@ -15,7 +15,10 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioIo;
 use sluice::{KeyedLimiter, StaticQuotas, TokenBucket};
-use sluice_http::{CostRule, KeyPart, PeerAddr, RateLimit, RateLimitLayer, RouteCosts};
+use sluice_http::{
+    BuildError, ClientIpHeader, CostRule, KeyPart, PeerAddr, RateLimit, RateLimitLayer, RouteCosts,
+    TrustedProxies,
+};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -56,6 +59,7 @@ fn spawn_server(service: RateLimit<Hello>) -> SocketAddr {
 struct Reply {
     status: u16,
     head: String,
+    body: String,
 }
 
 fn get(stream: &mut BufReader<TcpStream>, path: &str, headers: &str) -> Reply {
@@ -69,7 +73,11 @@ fn get(stream: &mut BufReader<TcpStream>, path: &str, headers: &str) -> Reply {
         .map_or(0, |v| v.trim().parse().unwrap());
     let mut body = vec![0; length];
     stream.read_exact(&mut body).unwrap();
-    Reply { status, head }
+    Reply {
+        status,
+        head,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
 }
 
 #[test]
@@ -87,6 +95,54 @@ fn limits_by_peer_address_in_a_plain_hyper_server() {
     let mut stream = connect(spawn_server(layer.layer(Hello)));
     let statuses: Vec<u16> = (0..4).map(|_| get(&mut stream, "/", "").status).collect();
     assert_eq!(statuses, [200, 200, 429, 429]);
+}
+
+#[test]
+fn behind_a_proxy_only_the_configured_header_names_the_client() {
+    let limiter = KeyedLimiter::builder(TokenBucket, "1/min".parse().unwrap())
+        .unknown_key_quota("1/min".parse().unwrap())
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::builder(limiter.clone())
+        .key([KeyPart::ClientIp])
+        .trusted_proxies(TrustedProxies::new(["127.0.0.1".parse().unwrap()]))
+        .client_ip_header(ClientIpHeader::Forwarded)
+        .ipv6_prefix(48)
+        .build()
+        .unwrap();
+    let mut stream = connect(spawn_server(layer.layer(Hello)));
+    let as_client = |stream: &mut _, forwarded: &str, spoof: &str| {
+        get(
+            stream,
+            "/",
+            &format!("Forwarded: {forwarded}\r\nX-Forwarded-For: {spoof}\r\n"),
+        )
+    };
+    assert_eq!(as_client(&mut stream, "for=203.0.113.8", "1.1.1.1").status, 200);
+    assert_eq!(as_client(&mut stream, "for=203.0.113.8", "1.1.1.2").status, 429);
+    // One /48 is one client.
+    assert_eq!(
+        as_client(&mut stream, "for=\"[2001:db8:1:2::1]\"", "-").status,
+        200
+    );
+    assert_eq!(
+        as_client(&mut stream, "for=\"[2001:db8:1:ffff::1]:80\"", "-").status,
+        429
+    );
+    let r = as_client(&mut stream, "for=[2001:db8::1]", "1.1.1.3");
+    assert_eq!((r.status, r.body.as_str()), (400, "Malformed Forwarded header"));
+    let r = as_client(&mut stream, "for=198.51.100.1, proto=https", "1.1.1.3");
+    assert_eq!(
+        (r.status, r.body.as_str()),
+        (400, "Forwarded header gives no client address")
+    );
+    assert_eq!(limiter.metrics().entries, 2, "refused requests are never counted");
+
+    let refused = RateLimitLayer::builder(limiter)
+        .ipv6_prefix(0)
+        .build()
+        .unwrap_err();
+    assert_eq!(refused, BuildError::Ipv6Prefix(0));
 }
 
 #[test]

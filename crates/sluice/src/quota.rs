@@ -316,8 +316,15 @@ enum DecimalError {
 }
 
 /// A non-negative decimal (`12`, `1.25`, `.5`, `3.`) read exactly: its digits as an integer,
-/// and the power of ten that divides them (`1.25` is `(125, 100)`).
+/// and the power of ten that divides them (`1.25` is `(125, 100)`). A quota's count keeps its
+/// decimals as written (`1.10/s` is 110 per 100 s).
 fn decimal(number: &str) -> Result<(u64, u64), DecimalError> {
+    decimal_with(number, false)
+}
+
+/// [`decimal`], dropping the fraction's trailing zeros first if asked (`1.50` is `(15, 10)`),
+/// so a value with more zero decimals than a `u64` power of ten holds is still read.
+fn decimal_with(number: &str, drop_trailing_zeros: bool) -> Result<(u64, u64), DecimalError> {
     let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
     if whole.is_empty() && fraction.is_empty()
         || !whole.chars().all(|c| c.is_ascii_digit())
@@ -325,6 +332,11 @@ fn decimal(number: &str) -> Result<(u64, u64), DecimalError> {
     {
         return Err(DecimalError::NotDecimal);
     }
+    let fraction = if drop_trailing_zeros {
+        fraction.trim_end_matches('0')
+    } else {
+        fraction
+    };
     let scale = u32::try_from(fraction.len())
         .ok()
         .and_then(|d| 10u64.checked_pow(d))
@@ -386,7 +398,9 @@ pub fn parse_duration(input: &str) -> Result<Duration, DurationError> {
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
-    let (value, scale) = decimal(number).map_err(|e| match e {
+    // A duration is a value, not text as written: `1.000000000000000000000s` is 1 s, not
+    // finer than a nanosecond (found by the quota fuzz target).
+    let (value, scale) = decimal_with(number, true).map_err(|e| match e {
         DecimalError::NotDecimal => malformed("the number must be a non-negative decimal"),
         DecimalError::TooManyDecimals => DurationError::TooPrecise(input.to_string()),
         DecimalError::TooManyDigits => DurationError::Overflow(input.to_string()),

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 
 use sluice::{AlgorithmKind, KeyedLimiter, Quota, TokenBucket};
-use sluice_http::{BuildError, CostRule, IpNet, KeyPart, RateLimitLayer};
+use sluice_http::{BuildError, ClientIpHeader, CostRule, IpNet, KeyPart, RateLimitLayer, normalize_path};
 
 use super::raw::{RawConfig, RawCost, RawKey};
 use super::{ConfigError, LimiterSettings, Settings, duration, error};
@@ -71,7 +71,16 @@ impl RawConfig {
             redis,
         };
 
-        let key_parts = key_parts(&self.key)?;
+        let ipv6_prefix = match self.ipv6_prefix {
+            None => sluice_http::DEFAULT_IPV6_PREFIX,
+            Some(bits) => u8::try_from(bits).map_err(|_| {
+                error(
+                    "ipv6_prefix",
+                    format!("the IPv6 prefix must be between 1 and 128 bits, not {bits}"),
+                )
+            })?,
+        };
+        let key_parts = key_parts(&self.key, ipv6_prefix)?;
         let max_key_len = self.key.max_length;
         let too_long = |field: String, key: &str| {
             if key.len() > max_key_len {
@@ -105,6 +114,10 @@ impl RawConfig {
                     .map_err(|e| error(format!("trusted_proxies[{i}]"), e))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let client_ip_header = match &self.client_ip_header {
+            None => ClientIpHeader::default(),
+            Some(name) => name.parse().map_err(|e| error("client_ip_header", e))?,
+        };
         let costs = (self.costs.iter().enumerate())
             .map(|(i, rule)| cost(i, rule))
             .collect::<Result<Vec<_>, _>>()?;
@@ -117,6 +130,8 @@ impl RawConfig {
             default_key: self.key.default,
             max_key_len,
             trusted_proxies,
+            client_ip_header,
+            ipv6_prefix,
             bypass: self.bypass,
             costs,
             headers: self.headers,
@@ -124,9 +139,9 @@ impl RawConfig {
     }
 }
 
-/// The key's parts, and the layer's own check of them with the default key and the maximum
-/// length.
-fn key_parts(key: &RawKey) -> Result<Vec<KeyPart>, ConfigError> {
+/// The key's parts, and the layer's own check of them with the default key, the maximum
+/// length and the IPv6 prefix.
+fn key_parts(key: &RawKey, ipv6_prefix: u8) -> Result<Vec<KeyPart>, ConfigError> {
     let parts = (key.from.iter().enumerate())
         .map(|(i, part)| {
             part.parse::<KeyPart>()
@@ -143,6 +158,7 @@ fn key_parts(key: &RawKey) -> Result<Vec<KeyPart>, ConfigError> {
         .key(parts.iter().cloned())
         .default_key(key.default.clone())
         .max_key_len(key.max_length)
+        .ipv6_prefix(ipv6_prefix)
         .build();
     match built {
         Ok(_) => Ok(parts),
@@ -151,6 +167,7 @@ fn key_parts(key: &RawKey) -> Result<Vec<KeyPart>, ConfigError> {
                 BuildError::NoKeyParts => "key.from",
                 BuildError::MaxKeyLength(_) => "key.max_length",
                 BuildError::DefaultKey(_) => "key.default",
+                BuildError::Ipv6Prefix(_) => "ipv6_prefix",
                 _ => "key",
             };
             Err(error(field, e))
@@ -161,6 +178,13 @@ fn key_parts(key: &RawKey) -> Result<Vec<KeyPart>, ConfigError> {
 fn cost(i: usize, rule: &RawCost) -> Result<CostRule, ConfigError> {
     if !rule.path.starts_with('/') {
         return Err(error(format!("costs[{i}].path"), "must start with '/'"));
+    }
+    // Requests are matched on their normalised path; a prefix that has none matches nothing.
+    if let Err(e) = normalize_path(&rule.path) {
+        return Err(error(
+            format!("costs[{i}].path"),
+            format!("{:?} cannot be normalised: {e}", rule.path),
+        ));
     }
     let method = match &rule.method {
         Some(m) => Some(

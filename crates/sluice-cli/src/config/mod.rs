@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use sluice::{AlgorithmKind, Quota};
-use sluice_http::{CostRule, IpNet, KeyPart};
+use sluice_http::{ClientIpHeader, CostRule, IpNet, KeyPart};
 
 pub use redis::{RedisSettings, with_redis_url};
 
@@ -35,9 +35,26 @@ pub struct ConfigError {
 
 fn error(field: impl Into<String>, message: impl ToString) -> ConfigError {
     ConfigError {
-        field: field.into(),
-        message: message.to_string(),
+        field: one_line(field.into()),
+        message: one_line(message.to_string()),
     }
+}
+
+/// `text` with control characters escaped (`\n`), so an error stays one line whatever the
+/// file's keys hold: a key may contain line breaks, and is echoed in the field path.
+fn one_line(text: String) -> String {
+    if !text.contains(char::is_control) {
+        return text;
+    }
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// What shapes the keyed limiter itself; a change to any of these needs a new limiter.
@@ -76,8 +93,12 @@ pub struct Settings {
     pub default_key: String,
     /// The longest key accepted.
     pub max_key_len: usize,
-    /// Proxies whose forwarding headers are believed.
+    /// Proxies whose client IP header is believed.
     pub trusted_proxies: Vec<IpNet>,
+    /// The one header those proxies report the client's address in.
+    pub client_ip_header: ClientIpHeader,
+    /// IPv6 clients are keyed by their network of this many bits.
+    pub ipv6_prefix: u8,
     /// Keys never limited.
     pub bypass: Vec<String>,
     /// Costs by route and method.
@@ -105,6 +126,12 @@ pub fn parse_bytes(bytes: &[u8]) -> Result<Settings, ConfigError> {
 }
 
 /// Checks config text.
+///
+/// # Example
+/// ```
+/// let e = sluice_cli::config::parse("ipv6_prefix: 0\n").unwrap_err();
+/// assert_eq!(e.field, "ipv6_prefix");
+/// ```
 pub fn parse(text: &str) -> Result<Settings, ConfigError> {
     let deserializer = serde_norway::Deserializer::from_str(text);
     let raw: RawConfig = serde_path_to_error::deserialize(deserializer).map_err(|e| {
@@ -176,6 +203,14 @@ mod tests {
             ("capacity: 1000000000000\n", "capacity"),
             ("fetch_latency: soon\n", "fetch_latency"),
             ("trusted_proxies: [10.0.0.0/99]\n", "trusted_proxies[0]"),
+            ("client_ip_header: via\n", "client_ip_header"),
+            ("ipv6_prefix: 0\n", "ipv6_prefix"),
+            ("ipv6_prefix: 129\n", "ipv6_prefix"),
+            ("ipv6_prefix: 300\n", "ipv6_prefix"),
+            ("ipv6_prefix: -1\n", "ipv6_prefix"),
+            ("ipv6_prefix: wide\n", "ipv6_prefix"),
+            ("costs:\n  - {path: /a%2Fb, cost: 2}\n", "costs[0].path"),
+            ("costs:\n  - {path: /a%zz, cost: 2}\n", "costs[0].path"),
             ("costs:\n  - {path: api, cost: 2}\n", "costs[0].path"),
             ("algorithm: magic\n", "algorithm"),
             ("listen: here\n", "listen"),
@@ -191,6 +226,17 @@ mod tests {
             let e = parse(text).unwrap_err();
             assert_eq!(e.field, field, "{text:?} gave {e}");
         }
+    }
+
+    #[test]
+    fn errors_are_one_line_whatever_the_keys_hold() {
+        // Found by the config fuzz target: a flow mapping's key with line breaks in it.
+        let e = parse("costs:\n  - {p\r\r\rath: /a, cost: 1}\n").unwrap_err();
+        assert!(e.field.starts_with("costs[0].p\\n"), "{e}");
+        assert!(!e.to_string().contains(['\n', '\r']), "{e}");
+        let e = parse("accounts:\n  \"a\\nb\\u0000\": 1/x\n").unwrap_err();
+        assert_eq!(e.field, "accounts.a\\nb\\u{0}");
+        assert!(!e.to_string().contains(['\n', '\0']), "{e}");
     }
 
     #[test]
@@ -292,6 +338,31 @@ mod tests {
                 .starts_with("redis.degrade_after: must be at least 1"),
             "{err}"
         );
+    fn client_identity_settings() {
+        let s = parse("").unwrap();
+        assert_eq!(s.client_ip_header, ClientIpHeader::XForwardedFor);
+        assert_eq!(s.ipv6_prefix, sluice_http::DEFAULT_IPV6_PREFIX);
+        let demo = parse(DEFAULT_CONFIG).unwrap();
+        assert_eq!(
+            (demo.client_ip_header, demo.ipv6_prefix),
+            (ClientIpHeader::XForwardedFor, 64)
+        );
+        let s = parse("client_ip_header: Forwarded\nipv6_prefix: 128\n").unwrap();
+        assert_eq!(
+            (s.client_ip_header, s.ipv6_prefix),
+            (ClientIpHeader::Forwarded, 128)
+        );
+        let s = parse("client_ip_header: x-real-ip\nipv6_prefix: 1\n").unwrap();
+        assert_eq!((s.client_ip_header, s.ipv6_prefix), (ClientIpHeader::XRealIp, 1));
+        let e = parse("ipv6_prefix: 300\n").unwrap_err();
+        assert!(e.message.contains("between 1 and 128"), "{e}");
+        let e = parse("client_ip_header: x-client-ip\n").unwrap_err();
+        assert!(
+            e.message.contains("x-forwarded-for, forwarded or x-real-ip"),
+            "{e}"
+        );
+        let e = parse("costs:\n  - {path: /a%2Fb, cost: 2}\n").unwrap_err();
+        assert!(e.message.contains("cannot be normalised"), "{e}");
     }
 
     #[test]

@@ -13,6 +13,11 @@ pub(super) struct RawConfig {
     pub idle_timeout: String,
     pub key: RawKey,
     pub trusted_proxies: Vec<String>,
+    /// `ClientIpHeader::default()` when left out.
+    pub client_ip_header: Option<String>,
+    /// `sluice_http::DEFAULT_IPV6_PREFIX` when left out; wider than a byte so that any
+    /// number is refused with the range, not a type error.
+    pub ipv6_prefix: Option<i64>,
     pub algorithm: String,
     pub burst: Option<u64>,
     pub failsafe: String,
@@ -35,6 +40,8 @@ impl Default for RawConfig {
             idle_timeout: "30s".into(),
             key: RawKey::default(),
             trusted_proxies: Vec::new(),
+            client_ip_header: None,
+            ipv6_prefix: None,
             algorithm: "token_bucket".into(),
             burst: None,
             failsafe: "10/s".into(),

@@ -201,12 +201,20 @@ impl Client {
     }
 
     pub fn request(&mut self, method: &str, path: &str, headers: &[(&str, &str)]) -> Response {
-        let mut text = format!("{method} {path} HTTP/1.1\r\nHost: test\r\n");
+        let headers: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
+        self.request_bytes(method, path, &headers)
+    }
+
+    /// A request whose header values are raw bytes (not necessarily text).
+    pub fn request_bytes(&mut self, method: &str, path: &str, headers: &[(&str, &[u8])]) -> Response {
+        let mut bytes = format!("{method} {path} HTTP/1.1\r\nHost: test\r\n").into_bytes();
         for (k, v) in headers {
-            text.push_str(&format!("{k}: {v}\r\n"));
+            bytes.extend_from_slice(format!("{k}: ").as_bytes());
+            bytes.extend_from_slice(v);
+            bytes.extend_from_slice(b"\r\n");
         }
-        text.push_str("\r\n");
-        self.reader.get_mut().write_all(text.as_bytes()).unwrap();
+        bytes.extend_from_slice(b"\r\n");
+        self.reader.get_mut().write_all(&bytes).unwrap();
         self.read_response()
     }
 

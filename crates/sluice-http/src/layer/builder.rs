@@ -8,7 +8,16 @@ use super::RateLimitLayer;
 use super::gatekeeper::Gatekeeper;
 use crate::headers::valid_policy_name;
 use crate::key::{KeyPart, KeySource, MAX_KEY_LEN};
-use crate::{LimitBackend, PeerAddr, RouteCosts, TrustedProxies};
+use crate::{ClientIpHeader, LimitBackend, PeerAddr, RouteCosts, TrustedProxies};
+
+/// The IPv6 prefix clients are keyed by unless set: a /64 is what one subscriber or host
+/// usually holds, and it can pick any address in it.
+///
+/// # Example
+/// ```
+/// assert_eq!(sluice_http::DEFAULT_IPV6_PREFIX, 64);
+/// ```
+pub const DEFAULT_IPV6_PREFIX: u8 = 64;
 
 /// Why a [`RateLimitBuilder`] could not build a layer.
 ///
@@ -35,6 +44,9 @@ pub enum BuildError {
     /// The policy name cannot be written in a structured field.
     #[error("the policy name {0:?} must be printable ASCII without '\"' or '\\'")]
     PolicyName(String),
+    /// The IPv6 prefix is 0 or above 128.
+    #[error("the IPv6 prefix must be between 1 and 128 bits, not {0}")]
+    Ipv6Prefix(u8),
 }
 
 /// Reads the connection's peer address from a request's extensions.
@@ -61,13 +73,15 @@ static NEXT_POLICY_ID: AtomicU64 = AtomicU64::new(0);
 /// # Example
 /// ```
 /// use sluice::{KeyedLimiter, TokenBucket};
-/// use sluice_http::{IpNet, KeyPart, RateLimitLayer, TrustedProxies};
+/// use sluice_http::{ClientIpHeader, IpNet, KeyPart, RateLimitLayer, TrustedProxies};
 /// let limiter = KeyedLimiter::<String, _>::builder(TokenBucket, "100/s".parse()?).build()?;
 /// let layer = RateLimitLayer::builder(limiter)
 ///     .key([KeyPart::Bearer, KeyPart::ClientIp])
 ///     .default_key("nobody")
 ///     .max_key_len(128)
 ///     .trusted_proxies(TrustedProxies::new(["10.0.0.0/8".parse::<IpNet>()?]))
+///     .client_ip_header(ClientIpHeader::Forwarded)
+///     .ipv6_prefix(56)
 ///     .headers_on_allow(false)
 ///     .build()?;
 /// assert!(layer.needs_peer_addr());
@@ -79,6 +93,8 @@ pub struct RateLimitBuilder {
     default_key: String,
     max_key_len: usize,
     proxies: TrustedProxies,
+    client_ip_header: ClientIpHeader,
+    ipv6_prefix: u8,
     bypass: Vec<String>,
     costs: RouteCosts,
     headers_on_allow: bool,
@@ -95,6 +111,8 @@ impl RateLimitBuilder {
             default_key: "ANONYMOUS".to_string(),
             max_key_len: 256,
             proxies: TrustedProxies::default(),
+            client_ip_header: ClientIpHeader::default(),
+            ipv6_prefix: DEFAULT_IPV6_PREFIX,
             bypass: Vec::new(),
             costs: RouteCosts::default(),
             headers_on_allow: true,
@@ -103,7 +121,11 @@ impl RateLimitBuilder {
         }
     }
 
-    /// What the key is made of (default: the client IP). Several parts are joined by `|`.
+    /// What the key is made of (default: the client IP). Several parts are joined by `|`,
+    /// with `\` and `|` inside a part escaped by a `\`, so no two requests with different
+    /// parts share a key: `x|y` and `z` make `x\|y|z`, `x` and `y|z` make `x|y\|z`. A part
+    /// that is a header (or the `Authorization` of a bearer part) sent more than once is
+    /// answered 400: which copy counts would depend on the proxies in between.
     pub fn key(mut self, parts: impl IntoIterator<Item = KeyPart>) -> Self {
         self.parts = parts.into_iter().collect();
         self
@@ -122,9 +144,26 @@ impl RateLimitBuilder {
         self
     }
 
-    /// Proxies whose forwarding headers are believed (default: none).
+    /// Proxies whose client IP header is believed (default: none).
     pub fn trusted_proxies(mut self, proxies: TrustedProxies) -> Self {
         self.proxies = proxies;
+        self
+    }
+
+    /// The one header the trusted proxies report the client's address in (default
+    /// [`ClientIpHeader::XForwardedFor`]); the others are never read. A request from a
+    /// trusted proxy whose header is malformed or names no address is answered 400 (see
+    /// [`TrustedProxies::client_ip`]).
+    pub fn client_ip_header(mut self, header: ClientIpHeader) -> Self {
+        self.client_ip_header = header;
+        self
+    }
+
+    /// IPv6 clients are keyed by their network of this many bits (default
+    /// [`DEFAULT_IPV6_PREFIX`], 1 to 128), written `2001:db8:1:2::/64`; 128 keys each
+    /// address alone. IPv4 clients (and IPv4-mapped IPv6 addresses) are keyed by address.
+    pub fn ipv6_prefix(mut self, bits: u8) -> Self {
+        self.ipv6_prefix = bits;
         self
     }
 
@@ -164,7 +203,8 @@ impl RateLimitBuilder {
     /// The layer.
     ///
     /// # Errors
-    /// [`BuildError`] for no key part, a bad maximum length, default key or policy name.
+    /// [`BuildError`] for no key part, a bad maximum length, default key, policy name or IPv6
+    /// prefix.
     pub fn build(self) -> Result<RateLimitLayer, BuildError> {
         if self.parts.is_empty() {
             return Err(BuildError::NoKeyParts);
@@ -178,6 +218,9 @@ impl RateLimitBuilder {
         if !valid_policy_name(&self.policy_name) {
             return Err(BuildError::PolicyName(self.policy_name));
         }
+        if !(1..=128).contains(&self.ipv6_prefix) {
+            return Err(BuildError::Ipv6Prefix(self.ipv6_prefix));
+        }
         Ok(RateLimitLayer {
             gatekeeper: Arc::new(Gatekeeper {
                 policy_id: NEXT_POLICY_ID.fetch_add(1, Ordering::Relaxed),
@@ -186,8 +229,10 @@ impl RateLimitBuilder {
                     parts: self.parts,
                     default_key: self.default_key,
                     max_len: self.max_key_len,
+                    ipv6_prefix: self.ipv6_prefix,
                 },
                 proxies: self.proxies,
+                client_ip_header: self.client_ip_header,
                 bypass: self.bypass.into_iter().map(String::into_boxed_str).collect(),
                 costs: self.costs,
                 headers_on_allow: self.headers_on_allow,

@@ -10,7 +10,7 @@ use sluice::{CheckError, Decision, Quota};
 use super::PeerAddrReader;
 use crate::headers::{RateFields, Rendered, denial_headers};
 use crate::key::{KeyBuf, KeyRejection, KeySource};
-use crate::{CheckFuture, LimitBackend, RouteCosts, TrustedProxies};
+use crate::{CheckFuture, ClientIpHeader, LimitBackend, RouteCosts, TrustedProxies};
 
 /// The body of a 429 response.
 ///
@@ -28,6 +28,7 @@ pub(super) struct Gatekeeper {
     pub(super) backend: Arc<dyn LimitBackend>,
     pub(super) keys: KeySource,
     pub(super) proxies: TrustedProxies,
+    pub(super) client_ip_header: ClientIpHeader,
     pub(super) bypass: HashSet<Box<str>, foldhash::fast::FixedState>,
     pub(super) costs: RouteCosts,
     pub(super) headers_on_allow: bool,
@@ -57,8 +58,14 @@ impl Gatekeeper {
             Some(Ok(key)) => self.decide_for(request, key),
             Some(Err(rejection)) => Verdict::BadKey(rejection),
             None => {
-                let ip = (self.peer_addr)(request.extensions())
-                    .map(|peer| self.proxies.client_ip(peer.ip(), headers));
+                let peer = (self.peer_addr)(request.extensions()).filter(|_| self.keys.needs_ip());
+                let ip = match peer
+                    .map(|peer| self.proxies.client_ip(peer.ip(), self.client_ip_header, headers))
+                {
+                    Some(Ok(ip)) => Some(ip),
+                    Some(Err(e)) => return Verdict::BadKey(KeyRejection::ClientIp(e)),
+                    None => None,
+                };
                 let mut buf = KeyBuf::new(self.keys.max_len);
                 match self.keys.key(headers, ip, &mut buf) {
                     Ok(key) => self.decide_for(request, key),
@@ -114,11 +121,7 @@ impl Gatekeeper {
     }
 
     pub(super) fn bad_key<B: From<&'static str>>(rejection: KeyRejection) -> Response<B> {
-        let body = match rejection {
-            KeyRejection::TooLong => "Key too long",
-            KeyRejection::NotText => "Key is not text",
-        };
-        plain(StatusCode::BAD_REQUEST, body, plain_headers())
+        plain(StatusCode::BAD_REQUEST, rejection.body(), plain_headers())
     }
 }
 

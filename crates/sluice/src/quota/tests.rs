@@ -17,11 +17,22 @@ fn durations_exactly_in_every_unit() {
         ("7ns", ns(7)),
         (" 3 seconds ", Duration::from_secs(3)),
         ("18446744073709551615ns", ns(u64::MAX)),
+        // More zero decimals than a u64 power of ten holds (found by fuzzing).
+        ("1.000000000000000000000s", Duration::from_secs(1)),
+        ("2.50000000000000000000000000min", Duration::from_secs(150)),
     ];
     for (text, expected) in cases {
         assert_eq!(parse_duration(text), Ok(expected), "{text:?}");
     }
-    for zero in ["0", "0.0", "00", "0s", "0ms"] {
+    for zero in [
+        "0",
+        "0.0",
+        "00",
+        "0s",
+        "0ms",
+        ".0s",
+        "0.000000000000000000000000min",
+    ] {
         assert_eq!(parse_duration(zero), Ok(Duration::ZERO), "{zero:?}");
     }
 }
@@ -38,6 +49,8 @@ fn durations_refused() {
         assert_eq!(refusal(text), "malformed", "{text:?}");
     }
     assert_eq!(refusal("1.5ns"), "too precise");
+    assert_eq!(refusal("1.5000000000000000000000ns"), "too precise");
+    assert_eq!(refusal("0.0000000000000000000001s"), "too precise");
     for text in ["18446744073709551616ns", "18446744074s", "1000000000h"] {
         assert_eq!(refusal(text), "overflow", "{text:?}");
     }
