@@ -338,6 +338,9 @@ mod tests {
                 .starts_with("redis.degrade_after: must be at least 1"),
             "{err}"
         );
+    }
+
+    #[test]
     fn client_identity_settings() {
         let s = parse("").unwrap();
         assert_eq!(s.client_ip_header, ClientIpHeader::XForwardedFor);
