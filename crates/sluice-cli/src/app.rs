@@ -1,18 +1,22 @@
 //! What answers requests: the limiter and the layer built from [`Settings`], and the
 //! `Hello World!` service behind them.
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::{Future, Ready, ready};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
-use sluice::{Algorithm, AlgorithmVisitor, FetchResult, FnSource, KeyedLimiter, Quota, QuotaError};
+use sluice::{
+    Algorithm, AlgorithmVisitor, FetchResult, KeyedLimiter, Migrated, Quota, QuotaError, QuotaSource,
+};
 use sluice_http::{BuildError, LimitBackend, RateLimit, RateLimitLayer, RouteCosts, TrustedProxies};
 use tokio::runtime::Handle;
 use tower_layer::Layer;
@@ -67,6 +71,88 @@ pub enum AppError {
 /// Quotas by key, swapped whole when the config changes.
 type Accounts = Arc<ArcSwap<HashMap<String, Quota>>>;
 
+/// The limiter behind the layer, and the same limiter as an in-memory store whose keys a
+/// reload can move (none on Redis).
+struct Store {
+    backend: Arc<dyn LimitBackend>,
+    memory: Option<Arc<dyn InMemory>>,
+}
+
+/// An in-memory keyed limiter of some algorithm, seen through what a reload needs of it.
+trait InMemory: Send + Sync {
+    fn as_any(&self) -> &dyn Any;
+    /// Moves every held key into `target`; `None` if it is not a limiter of the same type.
+    fn migrate_into(&self, target: &dyn InMemory) -> Option<Migrated>;
+}
+
+impl<A: Algorithm> InMemory for KeyedLimiter<String, A, AccountsSource> {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn migrate_into(&self, target: &dyn InMemory) -> Option<Migrated> {
+        let target = target.as_any().downcast_ref::<Self>()?;
+        Some(KeyedLimiter::migrate_into(self, target))
+    }
+}
+
+/// What a reload did with the limiter and the counts it holds.
+#[derive(Debug)]
+pub enum Reloaded {
+    /// The limiter's settings are unchanged: the same limiter, every count kept.
+    Kept,
+    /// A new in-memory limiter took the held keys with their counts.
+    Migrated {
+        /// The limiter settings that changed.
+        changed: Vec<&'static str>,
+        /// How many keys moved, and how many found no room.
+        migrated: Migrated,
+    },
+    /// A new limiter on the same Redis keys: the counts live there and stay.
+    Shared {
+        /// The limiter settings that changed.
+        changed: Vec<&'static str>,
+    },
+    /// A new limiter whose counts start afresh.
+    Afresh {
+        /// The limiter settings that changed.
+        changed: Vec<&'static str>,
+        /// Why the counts could not be kept.
+        why: &'static str,
+    },
+}
+
+impl std::fmt::Display for Reloaded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Kept => write!(f, "limiter unchanged, counts kept"),
+            Self::Migrated { changed, migrated } => {
+                write!(
+                    f,
+                    "limiter settings changed ({}): {} held keys keep their counts (a changed \
+                     quota by the carry-over rule)",
+                    changed.join(", "),
+                    migrated.moved
+                )?;
+                if migrated.dropped > 0 {
+                    write!(f, "; {} found no room and start afresh", migrated.dropped)?;
+                }
+                Ok(())
+            }
+            Self::Shared { changed } => write!(
+                f,
+                "limiter settings changed ({}): counts kept in Redis",
+                changed.join(", ")
+            ),
+            Self::Afresh { changed, why } => write!(
+                f,
+                "limiter settings changed ({}): counts start afresh ({why})",
+                changed.join(", ")
+            ),
+        }
+    }
+}
+
 /// One generation of the server's config: replaced whole on a reload.
 pub struct App {
     /// The rate-limited service.
@@ -74,7 +160,7 @@ pub struct App {
     /// Whether requests need their peer address.
     pub needs_peer: bool,
     limiter_settings: LimiterSettings,
-    limiter: Arc<dyn LimitBackend>,
+    store: Store,
     accounts: Accounts,
 }
 
@@ -84,49 +170,93 @@ impl App {
     /// URL came from, for errors.
     pub async fn new(settings: &Settings, url_field: &'static str) -> Result<Self, AppError> {
         let accounts: Accounts = Arc::new(ArcSwap::from_pointee(settings.accounts.clone()));
-        let limiter = match &settings.limiter.redis {
+        let store = match &settings.limiter.redis {
             None => build_limiter(&settings.limiter, Arc::clone(&accounts))?,
-            Some(redis) => build_redis_backend(&settings.limiter, redis, Arc::clone(&accounts))
-                .await
-                .map_err(|source| match source {
-                    RedisBackendError::NoUrl => AppError::NoRedisUrl,
-                    RedisBackendError::Redis(source) => AppError::Redis {
-                        // With no URL from either place, the config named a cluster.
-                        field: if redis.url.is_none() {
-                            "redis.cluster"
-                        } else {
-                            url_field
+            Some(redis) => Store {
+                backend: build_redis_backend(&settings.limiter, redis, Arc::clone(&accounts))
+                    .await
+                    .map_err(|source| match source {
+                        RedisBackendError::NoUrl => AppError::NoRedisUrl,
+                        RedisBackendError::Redis(source) => AppError::Redis {
+                            // With no URL from either place, the config named a cluster.
+                            field: if redis.url.is_none() {
+                                "redis.cluster"
+                            } else {
+                                url_field
+                            },
+                            source,
                         },
-                        source,
-                    },
-                })?,
+                    })?,
+                memory: None,
+            },
         };
-        Self::with_limiter(settings, limiter, accounts)
+        Self::with_store(settings, store, accounts)
     }
 
-    /// The app for changed settings. The limiter and its counts are kept when its own
-    /// settings are unchanged (new account quotas reach held keys at their next refresh);
-    /// otherwise a new limiter starts afresh. Returns whether the limiter was kept.
+    /// The app for changed settings, keeping every held count where it can:
+    /// - the limiter's own settings unchanged: the same limiter (new account quotas reach
+    ///   held keys at their next refresh, by the carry-over rule);
+    /// - in memory, with the same algorithm: a new limiter with the new settings takes every
+    ///   held key with its count (its quota carried over where it changed);
+    /// - on the same Redis keys (URL or cluster, prefix, algorithm): the counts are in Redis;
+    /// - otherwise (another algorithm, another Redis, memory to Redis or back): afresh.
+    ///
+    /// Nothing of the running app changes unless this returns `Ok`; after a migration the
+    /// running limiter denies the moved keys, so the returned app must be put in its place.
     pub async fn reload(
         &self,
         settings: &Settings,
         url_field: &'static str,
-    ) -> Result<(Self, bool), AppError> {
-        if settings.limiter == self.limiter_settings {
+    ) -> Result<(Self, Reloaded), AppError> {
+        let (old, new) = (&self.limiter_settings, &settings.limiter);
+        if new == old {
+            let store = Store {
+                backend: Arc::clone(&self.store.backend),
+                memory: self.store.memory.clone(),
+            };
+            let app = Self::with_store(settings, store, Arc::clone(&self.accounts))?;
             self.accounts.store(Arc::new(settings.accounts.clone()));
-            let app = Self::with_limiter(settings, Arc::clone(&self.limiter), Arc::clone(&self.accounts))?;
-            Ok((app, true))
-        } else {
-            Ok((Self::new(settings, url_field).await?, false))
+            return Ok((app, Reloaded::Kept));
         }
+        let changed = old.changed(new);
+        let afresh = |why| Reloaded::Afresh {
+            changed: changed.clone(),
+            why,
+        };
+        let reloaded = match (&old.redis, &new.redis) {
+            _ if old.algorithm != new.algorithm => afresh("another algorithm"),
+            (None, None) => {
+                let accounts: Accounts = Arc::new(ArcSwap::from_pointee(settings.accounts.clone()));
+                let store = build_limiter(new, Arc::clone(&accounts))?;
+                let app = Self::with_store(settings, store, accounts)?;
+                // Last, once nothing can fail: the keys leave the running limiter.
+                let migrated = match (&self.store.memory, &app.store.memory) {
+                    (Some(running), Some(next)) => running.migrate_into(next.as_ref()),
+                    _ => None,
+                };
+                let reloaded = match migrated {
+                    Some(migrated) => Reloaded::Migrated {
+                        changed: changed.clone(),
+                        migrated,
+                    },
+                    None => afresh("the running limiter cannot hand its keys over"),
+                };
+                return Ok((app, reloaded));
+            }
+            (Some(a), Some(b)) if (&a.url, &a.cluster, &a.prefix) == (&b.url, &b.cluster, &b.prefix) => {
+                Reloaded::Shared {
+                    changed: changed.clone(),
+                }
+            }
+            (Some(_), Some(_)) => afresh("another Redis or key prefix"),
+            (None, Some(_)) => afresh("from memory to Redis"),
+            (Some(_), None) => afresh("from Redis to memory"),
+        };
+        Ok((Self::new(settings, url_field).await?, reloaded))
     }
 
-    fn with_limiter(
-        settings: &Settings,
-        limiter: Arc<dyn LimitBackend>,
-        accounts: Accounts,
-    ) -> Result<Self, AppError> {
-        let layer = RateLimitLayer::builder_shared(Arc::clone(&limiter))
+    fn with_store(settings: &Settings, store: Store, accounts: Accounts) -> Result<Self, AppError> {
+        let layer = RateLimitLayer::builder_shared(Arc::clone(&store.backend))
             .key(settings.key_parts.iter().cloned())
             .default_key(settings.default_key.clone())
             .max_key_len(settings.max_key_len)
@@ -141,39 +271,49 @@ impl App {
             needs_peer: layer.needs_peer_addr(),
             service: layer.layer(Hello),
             limiter_settings: settings.limiter.clone(),
-            limiter,
+            store,
             accounts,
         })
     }
 }
 
-fn build_limiter(
-    settings: &LimiterSettings,
-    accounts: Accounts,
-) -> Result<Arc<dyn LimitBackend>, QuotaError> {
+fn build_limiter(settings: &LimiterSettings, accounts: Accounts) -> Result<Store, QuotaError> {
     /// The in-memory limiter of any algorithm.
-    struct InMemory<'a>(&'a LimiterSettings, Accounts);
-    impl AlgorithmVisitor for InMemory<'_> {
-        type Output = Result<Arc<dyn LimitBackend>, QuotaError>;
+    struct Memory<'a>(&'a LimiterSettings, Accounts);
+    impl AlgorithmVisitor for Memory<'_> {
+        type Output = Result<Store, QuotaError>;
         fn visit<A: Algorithm>(self, algorithm: A) -> Self::Output {
             keyed(algorithm, self.0, self.1)
         }
     }
-    settings.algorithm.visit(InMemory(settings, accounts))
+    settings.algorithm.visit(Memory(settings, accounts))
 }
 
-/// The quota fetch: a look-up in the accounts, after the simulated latency.
-fn source(settings: &LimiterSettings, accounts: Accounts) -> impl sluice::QuotaSource<String> {
-    let latency = settings.fetch_latency;
-    FnSource(move |key: &String| {
-        let quota = accounts.load().get(key).copied();
+/// The quota fetch: a look-up in the accounts, after the simulated latency. A named type, so
+/// a reload can find its limiter's type again (`InMemory`).
+struct AccountsSource {
+    accounts: Accounts,
+    latency: Duration,
+}
+
+impl QuotaSource<String> for AccountsSource {
+    fn fetch(&self, key: &String) -> impl Future<Output = FetchResult> + Send + 'static {
+        let quota = self.accounts.load().get(key).copied();
+        let latency = self.latency;
         async move {
             if !latency.is_zero() {
                 tokio::time::sleep(latency).await;
             }
             FetchResult::Ok(quota)
         }
-    })
+    }
+}
+
+fn source(settings: &LimiterSettings, accounts: Accounts) -> AccountsSource {
+    AccountsSource {
+        accounts,
+        latency: settings.fetch_latency,
+    }
 }
 
 enum RedisBackendError {
@@ -212,6 +352,7 @@ async fn build_redis_backend(
         Ok(building) => building.await,
         // Refused when the config is checked; kept in memory should a caller skip the check.
         Err(_) => build_limiter(settings, accounts)
+            .map(|store| store.backend)
             .map_err(|e| RedisBackendError::Redis(sluice_redis::Error::Quota(e))),
     }
 }
@@ -259,7 +400,7 @@ fn keyed<A: Algorithm>(
     algorithm: A,
     settings: &LimiterSettings,
     accounts: Accounts,
-) -> Result<Arc<dyn LimitBackend>, QuotaError> {
+) -> Result<Store, QuotaError> {
     let source = source(settings, accounts);
     let runtime = Handle::current();
     let limiter = KeyedLimiter::builder(algorithm, settings.failsafe)
@@ -272,5 +413,9 @@ fn keyed<A: Algorithm>(
         .on_fetch_error(|key: &String, e| tracing::warn!(key = %key, "quota fetch failed: {e}"))
         .source(source)
         .build()?;
-    Ok(Arc::new(limiter))
+    // Two handles on one limiter (a clone shares it).
+    Ok(Store {
+        backend: Arc::new(limiter.clone()),
+        memory: Some(Arc::new(limiter)),
+    })
 }

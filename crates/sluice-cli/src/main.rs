@@ -3,6 +3,7 @@
 
 mod app;
 mod connection;
+mod limits;
 mod redis_backend;
 mod server;
 
@@ -77,8 +78,10 @@ fn main() -> ExitCode {
 }
 
 fn validate(file: &std::path::Path) -> Result<(), String> {
-    config::load(file).map_err(|e| format!("{}: {e}", file.display()))?;
-    println!("{}: ok", file.display());
+    let settings = config::load(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    // The limit `serve` would use here, with this process's descriptor limit.
+    let connections = limits::ConnectionLimit::new(settings.max_connections);
+    println!("{}: ok; {connections}", file.display());
     Ok(())
 }
 

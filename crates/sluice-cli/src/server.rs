@@ -5,7 +5,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::io::Write as _;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,17 +16,26 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use sluice_http::PeerAddr;
 use tokio::net::{TcpListener, TcpSocket};
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 use tower_service::Service as _;
 
-use crate::app::{App, Hello};
+use crate::app::{App, Hello, Reloaded};
 use crate::config::{self, Settings};
 use crate::connection::{Activity, Connections};
+use crate::limits::ConnectionLimit;
 
 /// How long in-flight requests may take to finish after a shutdown signal.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the config file is looked at.
 const RELOAD_POLL: Duration = Duration::from_secs(1);
+/// How long a changed config file must stay the same before it is read as written: a file
+/// caught mid-write reads differently a moment later.
+const SETTLE: Duration = Duration::from_millis(150);
+/// hyper's own bound on a request's headers: not set unless the config asks for another,
+/// since setting it moves hyper's header table from the stack to the heap.
+const HYPER_MAX_HEADERS: usize = 100;
+/// The least read buffer hyper accepts (`max_buf_size` asserts it).
+const HYPER_MIN_BUFFER: usize = 8192;
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -88,15 +97,18 @@ pub async fn serve(
         .map_err(|source| ServeError::Bind { addr, source })?;
     let field = url_field(options.redis_url.as_deref());
     let app = Arc::new(ArcSwap::from_pointee(App::new(&options.settings, field).await?));
+    let connection_limit = ConnectionLimit::new(options.settings.max_connections);
+    if connection_limit.exceeds_descriptors() {
+        tracing::warn!("{connection_limit}");
+    }
 
     if let Some((file, bytes)) = options.config_file {
-        let fixed_listen = options.listen.is_some();
         let watch = watch_config(
             file,
             bytes,
             Arc::clone(&app),
-            options.settings.listen,
-            fixed_listen,
+            StartOnly::of(&options.settings),
+            options.listen.is_some(),
             options.redis_url,
         );
         tokio::spawn(watch);
@@ -105,7 +117,10 @@ pub async fn serve(
     let acceptor = Arc::new(Acceptor {
         app,
         connections: Connections::new(),
+        places: Arc::new(Semaphore::new(connection_limit.max)),
         idle_timeout: options.settings.idle_timeout,
+        max_header_bytes: options.settings.max_header_bytes,
+        max_headers: options.settings.max_headers,
         stop: watch::Sender::new(false),
         drained: watch::Sender::new(false),
     });
@@ -119,7 +134,7 @@ pub async fn serve(
     let _ = writeln!(stdout, "listening on http://{bound}");
     let _ = stdout.flush();
     drop(stdout);
-    tracing::info!(%bound, threads, "serving");
+    tracing::info!(%bound, threads, "serving; {connection_limit}");
 
     tokio::select! {
         () = acceptor.accept(listener) => {}
@@ -246,7 +261,11 @@ fn spawn_worker(
 struct Acceptor {
     app: Arc<ArcSwap<App>>,
     connections: Connections,
+    /// One permit per connection that may be served at once (`max_connections`).
+    places: Arc<Semaphore>,
     idle_timeout: Duration,
+    max_header_bytes: usize,
+    max_headers: usize,
     /// Set when the server stops accepting.
     stop: watch::Sender<bool>,
     /// Set when the connections are drained (or the drain timed out).
@@ -254,7 +273,15 @@ struct Acceptor {
 }
 
 impl Acceptor {
-    /// Accepts connections on `listener` and serves each on this thread's runtime.
+    /// Accepts connections on `listener` and serves each on this thread's runtime, at most
+    /// `max_connections` at once over every thread.
+    ///
+    /// At the limit a thread holds the connection it has just accepted, unserved, until a
+    /// place frees, and accepts no other meanwhile: further clients wait in the kernel's
+    /// listen backlog (then their SYNs are dropped and retried), costing this process nothing.
+    /// Each thread holds at most one such connection; it takes the place before accepting
+    /// again, so a freed place never goes to a thread whose listener has no client waiting
+    /// (the kernel spreads clients over the threads' listeners).
     async fn accept(&self, listener: TcpListener) {
         let mut builder = http1::Builder::new();
         builder
@@ -263,7 +290,14 @@ impl Acceptor {
             // costs nothing per request; hyper's header timer would be armed for each one.
             .header_read_timeout(None)
             .keep_alive(true)
-            .pipeline_flush(false);
+            .pipeline_flush(false)
+            // A complete head above the limit is answered 431; an incomplete one stops
+            // growing at the buffer's bound, which cannot go below hyper's minimum.
+            .max_header_size(self.max_header_bytes)
+            .max_buf_size(self.max_header_bytes.max(HYPER_MIN_BUFFER));
+        if self.max_headers != HYPER_MAX_HEADERS {
+            builder.max_headers(self.max_headers);
+        }
         loop {
             let (stream, peer) = match listener.accept().await {
                 Ok(accepted) => accepted,
@@ -272,6 +306,17 @@ impl Acceptor {
                     tracing::warn!("accept failed: {e}");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
+                }
+            };
+            let place = match Arc::clone(&self.places).try_acquire_owned() {
+                Ok(place) => place,
+                Err(_) => {
+                    tracing::debug!("at max_connections: {peer} waits for a place");
+                    match Arc::clone(&self.places).acquire_owned().await {
+                        Ok(place) => place,
+                        // Never closed; were it, no connection could be served.
+                        Err(_) => return,
+                    }
                 }
             };
             if let Err(e) = stream.set_nodelay(true) {
@@ -292,6 +337,7 @@ impl Acceptor {
                 if let Err(e) = connection.await {
                     tracing::debug!("connection from {peer}: {e}");
                 }
+                drop(place);
             });
         }
     }
@@ -322,17 +368,71 @@ impl hyper::service::Service<Request<Incoming>> for Handler {
     }
 }
 
-/// Polls the config file; applies a good edit, keeps the running config on a bad one.
+/// The settings read once, at start: a reload that changes them says so.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct StartOnly {
+    listen: SocketAddr,
+    idle_timeout: Duration,
+    max_connections: Option<usize>,
+    max_header_bytes: usize,
+    max_headers: usize,
+}
+
+impl StartOnly {
+    fn of(settings: &Settings) -> Self {
+        Self {
+            listen: settings.listen,
+            idle_timeout: settings.idle_timeout,
+            max_connections: settings.max_connections,
+            max_header_bytes: settings.max_header_bytes,
+            max_headers: settings.max_headers,
+        }
+    }
+
+    /// The names of the settings that differ in `other` (`listen` apart: it has its own line).
+    fn changed(&self, other: &Self) -> Vec<&'static str> {
+        let mut changed = Vec::new();
+        if self.idle_timeout != other.idle_timeout {
+            changed.push("idle_timeout");
+        }
+        if self.max_connections != other.max_connections {
+            changed.push("max_connections");
+        }
+        if self.max_header_bytes != other.max_header_bytes {
+            changed.push("max_header_bytes");
+        }
+        if self.max_headers != other.max_headers {
+            changed.push("max_headers");
+        }
+        changed
+    }
+}
+
+/// `first`, as read from `file`, if a second read `settle` later reads the same: a file being
+/// written (not renamed into place whole) reads differently. `None` if it changed or could not
+/// be read again.
+async fn settled(file: &Path, first: Vec<u8>, settle: Duration) -> Option<Vec<u8>> {
+    tokio::time::sleep(settle).await;
+    match std::fs::read(file) {
+        Ok(again) if again == first => Some(first),
+        _ => None,
+    }
+}
+
+/// Polls the config file; applies a good edit once it has settled, keeps the running config
+/// on a bad one (logged once per content).
 async fn watch_config(
     file: PathBuf,
     running: Vec<u8>,
     app: Arc<ArcSwap<App>>,
-    mut listen: SocketAddr,
+    mut start_only: StartOnly,
     fixed_listen: bool,
     redis_url: Option<String>,
 ) {
     // Compared with what was actually parsed at start, so an edit made meanwhile is seen.
-    let mut last = Some(running);
+    let mut last = Some(running.clone());
+    // What the running config was read from: coming back to it needs no reload.
+    let mut applied = running;
     let mut interval = tokio::time::interval(RELOAD_POLL);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -352,7 +452,15 @@ async fn watch_config(
         if last.as_deref() == Some(bytes.as_slice()) {
             continue;
         }
+        // Not settled: the next poll looks again.
+        let Some(bytes) = settled(&file, bytes, SETTLE).await else {
+            continue;
+        };
         last = Some(bytes.clone());
+        if bytes == applied {
+            tracing::info!("{}: back to the running config", file.display());
+            continue;
+        }
         let parsed = config::parse_bytes(&bytes).and_then(|settings| match &redis_url {
             Some(url) => config::with_redis_url(settings, url),
             None => Ok(settings),
@@ -369,25 +477,68 @@ async fn watch_config(
             .reload(&settings, url_field(redis_url.as_deref()))
             .await;
         match reloaded {
-            Ok((next, kept)) => {
+            Ok((next, reloaded)) => {
                 app.store(Arc::new(next));
-                if !kept {
-                    tracing::warn!("limiter settings changed: counts start afresh");
+                applied = bytes;
+                match reloaded {
+                    Reloaded::Kept => tracing::info!("{}: config reloaded", file.display()),
+                    Reloaded::Afresh { .. } => {
+                        tracing::warn!("{}: config reloaded; {reloaded}", file.display());
+                    }
+                    _ => tracing::info!("{}: config reloaded; {reloaded}", file.display()),
                 }
-                tracing::info!("{}: config reloaded", file.display());
             }
             Err(e) => {
                 tracing::error!("{}: {e}; keeping the running config", file.display());
                 continue;
             }
         }
-        if settings.listen != listen && !fixed_listen {
+        let now = StartOnly::of(&settings);
+        if now.listen != start_only.listen && !fixed_listen {
             tracing::warn!(
                 "{}: listen changed to {}; the server keeps its address until restarted",
                 file.display(),
                 settings.listen
             );
-            listen = settings.listen;
         }
+        let changed = start_only.changed(&now);
+        if !changed.is_empty() {
+            tracing::warn!(
+                "{}: {} changed; read at start only, so in force from the next start",
+                file.display(),
+                changed.join(", ")
+            );
+        }
+        start_only = now;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file still being written when first read is not taken; one that holds still is.
+    /// Paused time orders the writer's step between the two reads.
+    #[tokio::test(start_paused = true)]
+    async fn a_file_caught_mid_write_is_not_taken_until_it_holds_still() {
+        let dir = std::env::temp_dir().join(format!("sluice-settle-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("sluice.yaml");
+        std::fs::write(&file, "accounts:\n  alice: 1/").unwrap();
+        let first = std::fs::read(&file).unwrap();
+        let writer = {
+            let file = file.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(SETTLE / 3).await;
+                std::fs::write(&file, "accounts:\n  alice: 1/h\n").unwrap();
+            })
+        };
+        assert_eq!(settled(&file, first, SETTLE).await, None);
+        writer.await.unwrap();
+        let whole = std::fs::read(&file).unwrap();
+        assert_eq!(settled(&file, whole.clone(), SETTLE).await, Some(whole));
+        std::fs::remove_file(&file).unwrap();
+        assert_eq!(settled(&file, b"gone".to_vec(), SETTLE).await, None);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -210,3 +210,24 @@ fn the_configured_policy_answers_while_redis_is_down_and_redis_decides_again_aft
         "Redis holds the count again"
     );
 }
+
+#[test]
+fn a_reload_that_changes_the_limiter_keeps_the_counts_in_redis() {
+    let redis = RedisServer::start();
+    let dir = TempDir::new();
+    let text = config("token_bucket");
+    let file = dir.write("sluice.yaml", &text);
+    let server = Server::start(&["--config", file.to_str().unwrap(), "--redis", &redis.url()]);
+    let mut client = server.client();
+    let account = Some("shared@example.com");
+    let statuses: Vec<u16> = (0..6).map(|_| client.as_account(account).status).collect();
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429]);
+
+    // A new limiter (other capacity and timeout) on the same Redis keys.
+    dir.write(
+        "sluice.yaml",
+        &format!("{}capacity: 5000\n", text.replace("timeout: 2s", "timeout: 3s")),
+    );
+    server.wait_for_log("limiter settings changed (capacity, redis): counts kept in Redis");
+    assert_eq!(client.as_account(account).status, 429);
+}

@@ -62,7 +62,7 @@ pub use decision::Decision;
 pub use error::CheckError;
 pub use keyed::{
     DEFAULT_CAPACITY, DEFAULT_REFRESH, FetchError, FetchResult, FnSource, KeyedBuilder, KeyedLimiter,
-    KeyedMetrics, QuotaSource, Spawner, StaticQuotas, Task,
+    KeyedMetrics, Migrated, QuotaSource, Spawner, StaticQuotas, Task,
 };
 pub use limiter::RateLimiter;
 pub use quota::{DurationError, MAX_SCALED_BURST, Quota, QuotaError, parse_duration};

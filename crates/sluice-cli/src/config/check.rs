@@ -14,6 +14,33 @@ use super::{ConfigError, LimiterSettings, Settings, duration, error};
 /// typo cannot make the server try to allocate without limit at start.
 const MAX_CAPACITY: usize = 100_000_000;
 
+/// The most connections a config may allow: far beyond any file-descriptor limit in use, so
+/// only a typo is refused.
+const MAX_CONNECTIONS: usize = 1 << 24;
+
+/// The bounds of `max_header_bytes`: a request line with a few headers at least; at most
+/// 1 MiB, since every connection may buffer that much.
+const HEADER_BYTES: std::ops::RangeInclusive<usize> = 1024..=1024 * 1024;
+
+/// The bounds of `max_headers`.
+const HEADERS: std::ops::RangeInclusive<usize> = 1..=10_000;
+
+/// `value` if it is in `range`, else an error naming `field`.
+fn within(field: &str, value: usize, range: std::ops::RangeInclusive<usize>) -> Result<usize, ConfigError> {
+    if range.contains(&value) {
+        Ok(value)
+    } else {
+        Err(error(
+            field,
+            format!(
+                "must be between {} and {}, not {value}",
+                range.start(),
+                range.end()
+            ),
+        ))
+    }
+}
+
 fn quota(field: &str, text: &str) -> Result<Quota, ConfigError> {
     text.parse::<Quota>()
         .map_err(|e| error(field, format!("invalid quota {text:?}: {e}")))
@@ -36,6 +63,11 @@ impl RawConfig {
             .parse::<SocketAddr>()
             .map_err(|e| error("listen", format!("invalid address {:?}: {e}", self.listen)))?;
         let idle_timeout = positive("idle_timeout", &self.idle_timeout)?;
+        let max_connections = (self.max_connections)
+            .map(|n| within("max_connections", n, 1..=MAX_CONNECTIONS))
+            .transpose()?;
+        let max_header_bytes = within("max_header_bytes", self.max_header_bytes, HEADER_BYTES)?;
+        let max_headers = within("max_headers", self.max_headers, HEADERS)?;
         let algorithm: AlgorithmKind = self.algorithm.parse().map_err(|e| error("algorithm", e))?;
         let redis = self.redis.map(|r| r.check(algorithm)).transpose()?;
         let on_redis = redis.is_some();
@@ -124,6 +156,9 @@ impl RawConfig {
         Ok(Settings {
             listen,
             idle_timeout,
+            max_connections,
+            max_header_bytes,
+            max_headers,
             limiter,
             accounts,
             key_parts,

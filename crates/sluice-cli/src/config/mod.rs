@@ -76,6 +76,36 @@ pub struct LimiterSettings {
     pub redis: Option<RedisSettings>,
 }
 
+impl LimiterSettings {
+    /// The settings that differ in `other`, by their config names (for the reload's log).
+    pub fn changed(&self, other: &Self) -> Vec<&'static str> {
+        // Every field named, so a new one cannot be left out of the log.
+        let Self {
+            algorithm,
+            failsafe,
+            unknown,
+            fetch_latency,
+            refresh,
+            capacity,
+            redis,
+        } = self;
+        let mut changed = Vec::new();
+        let mut differs = |name, yes| {
+            if yes {
+                changed.push(name);
+            }
+        };
+        differs("algorithm", *algorithm != other.algorithm);
+        differs("failsafe", *failsafe != other.failsafe);
+        differs("unknown", *unknown != other.unknown);
+        differs("fetch_latency", *fetch_latency != other.fetch_latency);
+        differs("refresh", *refresh != other.refresh);
+        differs("capacity", *capacity != other.capacity);
+        differs("redis", *redis != other.redis);
+        changed
+    }
+}
+
 /// A checked config.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -83,6 +113,14 @@ pub struct Settings {
     pub listen: SocketAddr,
     /// How long a connection may go without starting a request.
     pub idle_timeout: Duration,
+    /// The most connections served at once (`None`: derived from the file-descriptor limit,
+    /// see `crate::limits`).
+    pub max_connections: Option<usize>,
+    /// The largest request head (request line and headers) in bytes; larger ones are
+    /// answered 431 and the connection closed.
+    pub max_header_bytes: usize,
+    /// The most headers in a request; more are answered 431.
+    pub max_headers: usize,
     /// The limiter's shape.
     pub limiter: LimiterSettings,
     /// Quotas by key.
@@ -125,7 +163,9 @@ pub fn parse_bytes(bytes: &[u8]) -> Result<Settings, ConfigError> {
     parse(text)
 }
 
-/// Checks config text.
+/// Checks config text. A file with no settings at all (empty, or only blanks and comments)
+/// is refused: it is far more likely a file caught while being written, or truncated, than a
+/// wish for every default (`{}` says that).
 ///
 /// # Example
 /// ```
@@ -133,6 +173,13 @@ pub fn parse_bytes(bytes: &[u8]) -> Result<Settings, ConfigError> {
 /// assert_eq!(e.field, "ipv6_prefix");
 /// ```
 pub fn parse(text: &str) -> Result<Settings, ConfigError> {
+    if is_empty_document(text) {
+        return Err(error(
+            "file",
+            "empty (no settings; write `{}` for every default). Was it caught mid-write? \
+             Write config files whole: to a temporary name, then rename",
+        ));
+    }
     let deserializer = serde_norway::Deserializer::from_str(text);
     let raw: RawConfig = serde_path_to_error::deserialize(deserializer).map_err(|e| {
         let path = e.path().to_string();
@@ -158,6 +205,15 @@ pub fn parse(text: &str) -> Result<Settings, ConfigError> {
         error(field, message)
     })?;
     raw.check()
+}
+
+/// Whether `text` is a YAML document with nothing in it (as YAML reads it: blanks, comments,
+/// document markers). Text that is not YAML is left to the real parse, which says where.
+fn is_empty_document(text: &str) -> bool {
+    matches!(
+        serde_norway::from_str::<serde_norway::Value>(text),
+        Ok(serde_norway::Value::Null)
+    )
 }
 
 /// serde_norway appends "at line L column C" to messages; the field path says more.
@@ -252,7 +308,7 @@ mod tests {
         let s = with_redis_url(s, "redis://10.0.0.1").unwrap();
         assert_eq!(s.limiter.redis.unwrap().url.as_deref(), Some("redis://10.0.0.1"));
         assert!(parse(DEFAULT_CONFIG).unwrap().limiter.redis.is_none());
-        let e = with_redis_url(parse("").unwrap(), "localhost:6379").unwrap_err();
+        let e = with_redis_url(parse("{}").unwrap(), "localhost:6379").unwrap_err();
         assert_eq!(e.field, "--redis");
     }
 
@@ -342,7 +398,7 @@ mod tests {
 
     #[test]
     fn client_identity_settings() {
-        let s = parse("").unwrap();
+        let s = parse("{}").unwrap();
         assert_eq!(s.client_ip_header, ClientIpHeader::XForwardedFor);
         assert_eq!(s.ipv6_prefix, sluice_http::DEFAULT_IPV6_PREFIX);
         let demo = parse(DEFAULT_CONFIG).unwrap();
@@ -366,6 +422,56 @@ mod tests {
         );
         let e = parse("costs:\n  - {path: /a%2Fb, cost: 2}\n").unwrap_err();
         assert!(e.message.contains("cannot be normalised"), "{e}");
+    }
+
+    #[test]
+    fn a_file_without_settings_is_refused_and_braces_take_every_default() {
+        for text in [
+            "",
+            "\n  \n",
+            "# only a comment\n\n# another\n",
+            "---\n",
+            "---\n...\n",
+        ] {
+            let e = parse(text).unwrap_err();
+            assert_eq!(e.field, "file", "{text:?}");
+            assert!(e.message.starts_with("empty"), "{text:?}: {e}");
+        }
+        let s = parse("{}").unwrap();
+        assert_eq!(s.listen, "127.0.0.1:8080".parse().unwrap());
+        assert!(s.accounts.is_empty());
+    }
+
+    #[test]
+    fn server_bounds_have_defaults_and_refuse_nonsense() {
+        let s = parse("{}").unwrap();
+        assert_eq!(s.max_connections, None);
+        assert_eq!(s.max_header_bytes, 32 * 1024);
+        assert_eq!(s.max_headers, 100);
+        let s = parse("max_connections: 2\nmax_header_bytes: 8192\nmax_headers: 20\n").unwrap();
+        assert_eq!(
+            (s.max_connections, s.max_header_bytes, s.max_headers),
+            (Some(2), 8192, 20)
+        );
+        for (text, field) in [
+            ("max_connections: 0\n", "max_connections"),
+            ("max_connections: -1\n", "max_connections"),
+            ("max_connections: 100000000000\n", "max_connections"),
+            ("max_header_bytes: 100\n", "max_header_bytes"),
+            ("max_header_bytes: 100000000\n", "max_header_bytes"),
+            ("max_headers: 0\n", "max_headers"),
+            ("max_headers: 1000000\n", "max_headers"),
+        ] {
+            assert_eq!(parse(text).unwrap_err().field, field, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn limiter_changes_are_named() {
+        let a = parse("{}").unwrap().limiter;
+        let b = parse("capacity: 5\nfailsafe: 1/s\n").unwrap().limiter;
+        assert_eq!(a.changed(&b), ["failsafe", "capacity"]);
+        assert!(a.changed(&a).is_empty());
     }
 
     #[test]

@@ -11,6 +11,10 @@ use serde::Deserialize;
 pub(super) struct RawConfig {
     pub listen: String,
     pub idle_timeout: String,
+    /// Derived from the file-descriptor limit when left out.
+    pub max_connections: Option<usize>,
+    pub max_header_bytes: usize,
+    pub max_headers: usize,
     pub key: RawKey,
     pub trusted_proxies: Vec<String>,
     /// `ClientIpHeader::default()` when left out.
@@ -38,6 +42,9 @@ impl Default for RawConfig {
         Self {
             listen: "127.0.0.1:8080".into(),
             idle_timeout: "30s".into(),
+            max_connections: None,
+            max_header_bytes: 32 * 1024,
+            max_headers: 100,
             key: RawKey::default(),
             trusted_proxies: Vec::new(),
             client_ip_header: None,

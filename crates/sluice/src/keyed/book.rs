@@ -67,6 +67,10 @@ const MIN_BOOKED_QUOTAS: usize = 1024;
 /// Every quota compiled so far, each compiled once and kept for the limiter's life.
 pub(crate) struct QuotaBook<A: Algorithm> {
     compiled: Mutex<HashMap<Quota, StableBox<Compiled<A>>>>,
+    /// The limiter's own quotas (failsafe, unknown-key), each compiled apart from the source's
+    /// even when equal in value, so an entry on one is told from an entry the source gave the
+    /// same quota (what `KeyedLimiter::migrate_into` needs to know).
+    own: Mutex<Vec<StableBox<Compiled<A>>>>,
     /// The most distinct quotas booked (see [`MIN_BOOKED_QUOTAS`]).
     max: usize,
 }
@@ -85,6 +89,7 @@ impl<A: Algorithm> QuotaBook<A> {
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
             compiled: Mutex::new(HashMap::new()),
+            own: Mutex::new(Vec::new()),
             max: (capacity / 8).max(MIN_BOOKED_QUOTAS),
         }
     }
@@ -99,9 +104,13 @@ impl<A: Algorithm> QuotaBook<A> {
         Self::compile(&mut compiled, algorithm, quota).map_err(BookError::Quota)
     }
 
-    /// `quota` compiled and booked beyond the bound: for the limiter's own quotas.
+    /// `quota` compiled for one of the limiter's own quotas, beyond the bound and apart from
+    /// the source's: each call books a new one (a builder makes a handful).
     pub(crate) fn book_own(&self, algorithm: &A, quota: Quota) -> Result<LimitRef<A>, QuotaError> {
-        Self::compile(&mut lock(&self.compiled), algorithm, quota)
+        let booked = Self::compiled(algorithm, quota)?;
+        let limit = LimitRef(booked.as_non_null());
+        lock(&self.own).push(booked);
+        Ok(limit)
     }
 
     fn compile(
@@ -112,15 +121,19 @@ impl<A: Algorithm> QuotaBook<A> {
         if let Some(booked) = compiled.get(&quota) {
             return Ok(LimitRef(booked.as_non_null()));
         }
-        let params = algorithm.params(&quota)?;
-        let horizon = algorithm.horizon(&params);
-        let booked = StableBox::new(Compiled {
-            quota,
-            params,
-            horizon,
-        });
+        let booked = Self::compiled(algorithm, quota)?;
         let limit = LimitRef(booked.as_non_null());
         compiled.insert(quota, booked);
         Ok(limit)
+    }
+
+    fn compiled(algorithm: &A, quota: Quota) -> Result<StableBox<Compiled<A>>, QuotaError> {
+        let params = algorithm.params(&quota)?;
+        let horizon = algorithm.horizon(&params);
+        Ok(StableBox::new(Compiled {
+            quota,
+            params,
+            horizon,
+        }))
     }
 }

@@ -18,7 +18,8 @@
 //! fresh state and not stored.
 //!
 //! The files: `builder.rs` (settings), `book.rs` (compiled quotas), `check.rs` (the two check
-//! paths), `fetch.rs` (quota fetches), `refund.rs` (takes and refunds for chains), `shard.rs`,
+//! paths), `fetch.rs` (quota fetches), `migrate.rs` (moving held keys into a limiter built
+//! with other settings), `refund.rs` (takes and refunds for chains), `shard.rs`,
 //! `index.rs`, `lock.rs` and `sketch.rs` (the store), `metrics.rs`, `source.rs`.
 
 mod book;
@@ -28,6 +29,7 @@ mod fetch;
 mod index;
 mod lock;
 mod metrics;
+mod migrate;
 mod refund;
 mod shard;
 mod sketch;
@@ -46,6 +48,7 @@ pub use fetch::{Spawner, Task};
 use lock::StripedRwLock;
 use metrics::Counters;
 pub use metrics::KeyedMetrics;
+pub use migrate::Migrated;
 use shard::Shard;
 pub use source::{FetchError, FetchResult, FnSource, QuotaSource, StaticQuotas};
 
@@ -234,14 +237,19 @@ where
 impl<K, A: Algorithm, S, C> Inner<K, A, S, C> {
     #[inline]
     pub(crate) fn shard(&self, hash: u64) -> &StripedRwLock<Shard<K, A>> {
+        &self.shards[self.shard_index(hash)]
+    }
+
+    /// The position of the shard holding keys of `hash`.
+    #[inline(always)]
+    pub(crate) fn shard_index(&self, hash: u64) -> usize {
         // Shard by a remix of the hash: the table inside uses the hash's own low and top bits.
         let mixed = hash.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let index = if self.shard_bits == 0 {
+        if self.shard_bits == 0 {
             0
         } else {
             (mixed >> (64 - self.shard_bits)) as usize
-        };
-        &self.shards[index]
+        }
     }
 }
 

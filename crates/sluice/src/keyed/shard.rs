@@ -259,6 +259,11 @@ impl<K, A: Algorithm> Shard<K, A> {
         Room::Reused(i)
     }
 
+    /// Whether the shard holds as many entries as it may.
+    pub(crate) fn is_full(&self) -> bool {
+        self.entries.len() >= self.capacity
+    }
+
     /// Stores `entry` where `room` says (in a reused place, or at the end) and indexes it.
     #[inline]
     pub(crate) fn insert(
