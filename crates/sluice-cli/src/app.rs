@@ -12,7 +12,7 @@ use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
-use sluice::{Algorithm, AlgorithmVisitor, FetchResult, FnSource, KeyedLimiter, Quota, QuotaError};
+use sluice::{Algorithm, AlgorithmVisitor, FetchResult, FnSource, KeyedBuildError, KeyedLimiter, Quota};
 use sluice_http::{BuildError, LimitBackend, RateLimit, RateLimitLayer, RouteCosts, TrustedProxies};
 use tokio::runtime::Handle;
 use tower_layer::Layer;
@@ -44,9 +44,10 @@ impl<B> Service<Request<B>> for Hello {
 /// Why an app could not be built from checked settings.
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
-    /// The algorithm cannot hold the failsafe or unknown-key quota.
+    /// The keyed limiter refused a setting (a quota its algorithm cannot hold, a refresh
+    /// period too long).
     #[error(transparent)]
-    Quota(#[from] QuotaError),
+    Limiter(#[from] KeyedBuildError),
     /// The layer refused a setting.
     #[error(transparent)]
     Layer(#[from] BuildError),
@@ -148,11 +149,11 @@ impl App {
 fn build_limiter(
     settings: &LimiterSettings,
     accounts: Accounts,
-) -> Result<Arc<dyn LimitBackend>, QuotaError> {
+) -> Result<Arc<dyn LimitBackend>, KeyedBuildError> {
     /// The in-memory limiter of any algorithm.
     struct InMemory<'a>(&'a LimiterSettings, Accounts);
     impl AlgorithmVisitor for InMemory<'_> {
-        type Output = Result<Arc<dyn LimitBackend>, QuotaError>;
+        type Output = Result<Arc<dyn LimitBackend>, KeyedBuildError>;
         fn visit<A: Algorithm>(self, algorithm: A) -> Self::Output {
             keyed(algorithm, self.0, self.1)
         }
@@ -210,7 +211,7 @@ async fn build_redis_backend(
         Ok(building) => building.await,
         // Refused when the config is checked; kept in memory should a caller skip the check.
         Err(_) => build_limiter(settings, accounts)
-            .map_err(|e| RedisBackendError::Redis(sluice_redis::Error::Quota(e))),
+            .map_err(|e| RedisBackendError::Redis(sluice_redis::Error::Keyed(e))),
     }
 }
 
@@ -256,7 +257,7 @@ fn keyed<A: Algorithm>(
     algorithm: A,
     settings: &LimiterSettings,
     accounts: Accounts,
-) -> Result<Arc<dyn LimitBackend>, QuotaError> {
+) -> Result<Arc<dyn LimitBackend>, KeyedBuildError> {
     let source = source(settings, accounts);
     let runtime = Handle::current();
     let limiter = KeyedLimiter::builder(algorithm, settings.failsafe)

@@ -241,6 +241,17 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
 }
 
 impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
+    /// Gives back `cost` taken at clock reading `at` (as given to [`Self::take_n_with`]) when
+    /// the receipt is not at hand: on the limit in force, if `at` falls in its span. Across an
+    /// epoch move (same quota, state carried over exactly) that is the take's own state.
+    pub(crate) fn refund_at(&self, at: u64, cost: u64) {
+        let limit = self.current();
+        if at >= limit.epoch && at <= limit.last_valid {
+            self.algorithm
+                .refund(&limit.params, &limit.state, at - limit.epoch, cost);
+        }
+    }
+
     /// How many limits this limiter has installed (tests: checks alone must not add any).
     #[cfg(all(test, not(loom)))]
     fn installed(&self) -> usize {

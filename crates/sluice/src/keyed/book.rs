@@ -14,6 +14,12 @@ pub(crate) struct Compiled<A: Algorithm> {
     pub(crate) quota: Quota,
     pub(crate) params: A::Params,
     pub(crate) horizon: u64,
+    /// The first time past its epoch at which a check leaves the read-locked path: just past
+    /// the horizon, or at once for a pooled quota. One comparison serves both, so the hot path
+    /// pays nothing for the pool.
+    pub(crate) divert: u64,
+    /// The failsafe quota under a failsafe pool: checks under it also draw on the pool.
+    pub(crate) pooled: bool,
 }
 
 /// A compiled quota in the limiter's book, as its entries hold it.
@@ -67,6 +73,9 @@ const MIN_BOOKED_QUOTAS: usize = 1024;
 /// Every quota compiled so far, each compiled once and kept for the limiter's life.
 pub(crate) struct QuotaBook<A: Algorithm> {
     compiled: Mutex<HashMap<Quota, StableBox<Compiled<A>>>>,
+    /// The pooled failsafe quota, kept apart from `compiled` so that a key whose fetched quota
+    /// equals the failsafe one is not taken for a key still waiting for its quota.
+    pooled: Mutex<Vec<StableBox<Compiled<A>>>>,
     /// The most distinct quotas booked (see [`MIN_BOOKED_QUOTAS`]).
     max: usize,
 }
@@ -85,6 +94,7 @@ impl<A: Algorithm> QuotaBook<A> {
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
             compiled: Mutex::new(HashMap::new()),
+            pooled: Mutex::new(Vec::new()),
             max: (capacity / 8).max(MIN_BOOKED_QUOTAS),
         }
     }
@@ -104,6 +114,18 @@ impl<A: Algorithm> QuotaBook<A> {
         Self::compile(&mut lock(&self.compiled), algorithm, quota)
     }
 
+    /// `quota` compiled as the pooled failsafe quota, kept for the limiter's life like the rest.
+    pub(crate) fn book_pooled(&self, algorithm: &A, quota: Quota) -> Result<LimitRef<A>, QuotaError> {
+        let booked = StableBox::new(Compiled {
+            divert: 0,
+            pooled: true,
+            ..Self::compiled(algorithm, quota)?
+        });
+        let limit = LimitRef(booked.as_non_null());
+        lock(&self.pooled).push(booked);
+        Ok(limit)
+    }
+
     fn compile(
         compiled: &mut HashMap<Quota, StableBox<Compiled<A>>>,
         algorithm: &A,
@@ -112,15 +134,21 @@ impl<A: Algorithm> QuotaBook<A> {
         if let Some(booked) = compiled.get(&quota) {
             return Ok(LimitRef(booked.as_non_null()));
         }
-        let params = algorithm.params(&quota)?;
-        let horizon = algorithm.horizon(&params);
-        let booked = StableBox::new(Compiled {
-            quota,
-            params,
-            horizon,
-        });
+        let booked = StableBox::new(Self::compiled(algorithm, quota)?);
         let limit = LimitRef(booked.as_non_null());
         compiled.insert(quota, booked);
         Ok(limit)
+    }
+
+    fn compiled(algorithm: &A, quota: Quota) -> Result<Compiled<A>, QuotaError> {
+        let params = algorithm.params(&quota)?;
+        let horizon = algorithm.horizon(&params);
+        Ok(Compiled {
+            quota,
+            params,
+            horizon,
+            divert: horizon.saturating_add(1),
+            pooled: false,
+        })
     }
 }

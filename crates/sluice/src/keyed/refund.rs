@@ -47,6 +47,12 @@ where
             if entry.epoch == receipt.tag() && receipt.at() <= entry.limit.horizon {
                 let params = &entry.limit.params;
                 inner.algorithm.refund(params, &entry.state, receipt.at(), cost);
+                // A take on the pooled failsafe quota took from the pool too, at the same time.
+                if entry.limit.pooled
+                    && let Some(pool) = &inner.pool
+                {
+                    pool.give_back(entry.epoch.saturating_add(receipt.at()), cost);
+                }
             }
         }
     }

@@ -10,8 +10,10 @@ use crate::Algorithm;
 use crate::algorithm::succeed;
 
 /// The packed bookkeeping of an entry: recent-use count (bits 0–7), a fetch in flight (bit 8),
-/// a quota known from the source (bit 9), and when it was last fetched (bits 32–63, in units
-/// of 2^20 ns ≈ 1 ms, wrapping).
+/// a quota known from the source (bit 9), and when it was last fetched (bits 20–63: the clock
+/// reading itself, to 2^20 ns ≈ 1 ms). Ages are differences of whole readings, so they never
+/// wrap (they were 32-bit tick counts that did, every 2^52 ns: a refresh period of 2^52 ns
+/// read as 0).
 pub(crate) mod meta {
     pub(crate) const FREQUENCY: u64 = 0xFF;
     pub(crate) const FETCHING: u64 = 1 << 8;
@@ -19,17 +21,24 @@ pub(crate) mod meta {
     pub(crate) const MAX_FREQUENCY: u64 = 15;
     /// The use count of a new entry: the check that brought it in.
     pub(crate) const ONE_USE: u64 = 1;
-
-    pub(crate) fn tick(now: u64) -> u64 {
-        (now >> 20) & 0xFFFF_FFFF
-    }
-
-    pub(crate) fn fetched_at(meta: u64) -> u64 {
-        meta >> 32
-    }
+    /// The bits below the fetch time.
+    pub(crate) const LOW: u64 = (1 << 20) - 1;
 
     pub(crate) fn with_fetched_at(meta: u64, now: u64) -> u64 {
-        (meta & 0xFFFF_FFFF) | (tick(now) << 32)
+        (meta & LOW) | (now & !LOW)
+    }
+
+    /// Nanoseconds (whole 2^20) since the last fetch: negative if `now` was read before the
+    /// fetch was applied (a check racing the apply: not due).
+    #[inline]
+    pub(crate) fn age(meta: u64, now: u64) -> i64 {
+        (now & !LOW).wrapping_sub(meta & !LOW) as i64
+    }
+
+    /// The bookkeeping of a key that has yet to be fetched: as if fetched `refresh` (a
+    /// multiple of 2^20 ns) before `now`, so its next check claims the fetch.
+    pub(crate) fn due(now: u64, refresh: u64) -> u64 {
+        now.wrapping_sub(refresh) & !LOW
     }
 }
 
