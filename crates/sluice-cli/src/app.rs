@@ -242,9 +242,13 @@ async fn redis_backend<A: RedisAlgorithm>(
         .hosts(redis.hosts)
         .prefix(redis.prefix.clone())
         .capacity(settings.capacity)
-        .refresh_every(settings.refresh)
-        .build(store.map_err(RedisBackendError::Redis)?)
-        .map_err(RedisBackendError::Redis)?;
+        .refresh_every(settings.refresh);
+    let limiter = match settings.failsafe_pool {
+        Some(pool) => limiter.failsafe_pool(pool),
+        None => limiter,
+    }
+    .build(store.map_err(RedisBackendError::Redis)?)
+    .map_err(RedisBackendError::Redis)?;
     let at = redis
         .url
         .clone()
@@ -260,15 +264,20 @@ fn keyed<A: Algorithm>(
 ) -> Result<Arc<dyn LimitBackend>, KeyedBuildError> {
     let source = source(settings, accounts);
     let runtime = Handle::current();
-    let limiter = KeyedLimiter::builder(algorithm, settings.failsafe)
+    let builder = KeyedLimiter::builder(algorithm, settings.failsafe)
         .capacity(settings.capacity)
         .unknown_key_quota(settings.unknown)
         .refresh_every(settings.refresh)
+        .fetch_timeout(settings.fetch_timeout)
         .spawner(move |task| {
             runtime.spawn(task);
         })
         .on_fetch_error(|key: &String, e| tracing::warn!(key = %key, "quota fetch failed: {e}"))
-        .source(source)
-        .build()?;
+        .source(source);
+    let limiter = match settings.failsafe_pool {
+        Some(pool) => builder.failsafe_pool(pool),
+        None => builder,
+    }
+    .build()?;
     Ok(Arc::new(limiter))
 }
