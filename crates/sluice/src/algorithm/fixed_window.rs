@@ -145,7 +145,10 @@ impl Algorithm for FixedWindow {
         new: &WindowParams,
         now: u64,
     ) -> (u64, FixedWindowState) {
-        let used = total.saturating_sub(now / old.window * old.limit).min(new.limit);
+        // Saturating: `now` may lie far past the horizon (see `gcra::carry_over`).
+        let used = total
+            .saturating_sub((now / old.window).saturating_mul(old.limit))
+            .min(new.limit);
         // Same window length: keep the window grid. Otherwise a new window starts now.
         let shift = if old.window == new.window {
             now - now % old.window

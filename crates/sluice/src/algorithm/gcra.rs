@@ -114,7 +114,10 @@ pub(crate) fn retire(state: &GcraState) -> u64 {
 }
 
 pub(crate) fn carry_over(old: &GcraParams, tat: u64, new: &GcraParams, now: u64) -> (u64, GcraState) {
-    let ahead = tat.saturating_sub(now * old.c);
+    // `now` may lie far past the horizon (an epoch move after a long idle spell, a quota
+    // change before any check moved it): its scaled time then passes any TAT, and must not
+    // wrap (it did, past 8 horizons: a panic in debug builds).
+    let ahead = tat.saturating_sub(now.saturating_mul(old.c));
     // Consumed units are ahead / old.p; re-expressed in the new scale, rounded up so a change
     // never hands out a fraction of a unit.
     let scaled = (u128::from(ahead) * u128::from(new.p)).div_ceil(u128::from(old.p));
