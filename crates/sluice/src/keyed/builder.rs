@@ -91,7 +91,8 @@ impl<K, A, S, C> KeyedBuilder<K, A, S, C> {
         self
     }
 
-    /// How often a key's quota is fetched again (default [`DEFAULT_REFRESH`]).
+    /// How often a key's quota is fetched again (default [`DEFAULT_REFRESH`], at most
+    /// [`MAX_REFRESH`]; at least about a millisecond, the resolution ages are kept at).
     pub fn refresh_every(mut self, period: Duration) -> Self {
         self.refresh = period;
         self
