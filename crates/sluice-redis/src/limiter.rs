@@ -116,12 +116,10 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiterBuilder<A, S> {
     ///
     /// # Example
     /// ```no_run
-    /// use sluice::TokenBucket;
-    /// use sluice_redis::{RedisLimiter, RedisOptions};
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// let limiter = RedisLimiter::builder(TokenBucket, "10/s".parse()?)
-    ///     .failsafe_pool("100/s".parse()?)
-    ///     .connect("redis://127.0.0.1:6379", RedisOptions::default())
+    /// let limiter = sluice_redis::RedisLimiter::builder(sluice::TokenBucket, "10/s".parse()?)
+    ///     .failsafe_pool("100/s".parse()?) // all new keys together; 10/s each
+    ///     .connect("redis://127.0.0.1:6379", Default::default())
     ///     .await?;
     /// # Ok(()) }
     /// ```
@@ -163,17 +161,16 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiterBuilder<A, S> {
         let spawn = move |task| {
             runtime.spawn(task);
         };
-        let book = KeyedLimiter::builder(Unmetered, self.failsafe)
+        let mut book = KeyedLimiter::builder(Unmetered, self.failsafe)
             .source(SharedSource(Arc::clone(&source)))
             .unknown_key_quota(self.unknown)
             .capacity(self.capacity)
             .refresh_every(self.refresh)
             .spawner(spawn.clone());
-        let book = match self.pool {
-            Some(pool) => book.failsafe_pool(pool),
-            None => book,
+        if let Some(pool) = self.pool {
+            book = book.failsafe_pool(pool);
         }
-        .build()?;
+        let book = book.build()?;
         let fallback = match self.policy {
             FailurePolicy::LocalShare => {
                 let failsafe = share(self.failsafe, self.hosts)?;
@@ -342,15 +339,12 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiter<A, S> {
 
     /// The key's quota and plan, or the answer when Redis is not needed.
     pub(crate) fn prepare(&self, key: &str, cost: u64) -> Prepared {
-        // The book counts nothing (Unmetered) but answers what a check needs first: a cost
-        // above the key's capacity, a quota that denies all, and, for a key without a quota
-        // of its own yet, the failsafe pool, which it draws on.
+        // The book counts nothing (Unmetered) but answers a cost above capacity, a deny-all
+        // quota and, for a key without its own quota yet, the failsafe pool (drawn on).
         let (answer, quota) = self.inner.book.check_n_quoted(key, cost);
         match answer {
             Err(error) => return Prepared::Done(Err(error.into())),
-            Ok(decision) if !decision.is_allowed() || quota.is_deny_all() => {
-                return Prepared::Done(Ok(decision));
-            }
+            Ok(d) if !d.is_allowed() || quota.is_deny_all() => return Prepared::Done(Ok(d)),
             Ok(_) => {}
         }
         match Plan::new(self.inner.kind, &quota) {
