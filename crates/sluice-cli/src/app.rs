@@ -15,7 +15,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
 use sluice::{
-    Algorithm, AlgorithmVisitor, FetchResult, KeyedLimiter, Migrated, Quota, QuotaError, QuotaSource,
+    Algorithm, AlgorithmVisitor, FetchResult, KeyedBuildError, KeyedLimiter, Migrated, Quota, QuotaSource,
 };
 use sluice_http::{BuildError, LimitBackend, RateLimit, RateLimitLayer, RouteCosts, TrustedProxies};
 use tokio::runtime::Handle;
@@ -48,9 +48,10 @@ impl<B> Service<Request<B>> for Hello {
 /// Why an app could not be built from checked settings.
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
-    /// The algorithm cannot hold the failsafe or unknown-key quota.
+    /// The keyed limiter refused a setting (a quota its algorithm cannot hold, a refresh
+    /// period too long).
     #[error(transparent)]
-    Quota(#[from] QuotaError),
+    Limiter(#[from] KeyedBuildError),
     /// The layer refused a setting.
     #[error(transparent)]
     Layer(#[from] BuildError),
@@ -277,11 +278,11 @@ impl App {
     }
 }
 
-fn build_limiter(settings: &LimiterSettings, accounts: Accounts) -> Result<Store, QuotaError> {
+fn build_limiter(settings: &LimiterSettings, accounts: Accounts) -> Result<Store, KeyedBuildError> {
     /// The in-memory limiter of any algorithm.
     struct Memory<'a>(&'a LimiterSettings, Accounts);
     impl AlgorithmVisitor for Memory<'_> {
-        type Output = Result<Store, QuotaError>;
+        type Output = Result<Store, KeyedBuildError>;
         fn visit<A: Algorithm>(self, algorithm: A) -> Self::Output {
             keyed(algorithm, self.0, self.1)
         }
@@ -353,7 +354,7 @@ async fn build_redis_backend(
         // Refused when the config is checked; kept in memory should a caller skip the check.
         Err(_) => build_limiter(settings, accounts)
             .map(|store| store.backend)
-            .map_err(|e| RedisBackendError::Redis(sluice_redis::Error::Quota(e))),
+            .map_err(|e| RedisBackendError::Redis(sluice_redis::Error::Keyed(e))),
     }
 }
 
@@ -385,9 +386,13 @@ async fn redis_backend<A: RedisAlgorithm>(
         .hosts(redis.hosts)
         .prefix(redis.prefix.clone())
         .capacity(settings.capacity)
-        .refresh_every(settings.refresh)
-        .build(store.map_err(RedisBackendError::Redis)?)
-        .map_err(RedisBackendError::Redis)?;
+        .refresh_every(settings.refresh);
+    let limiter = match settings.failsafe_pool {
+        Some(pool) => limiter.failsafe_pool(pool),
+        None => limiter,
+    }
+    .build(store.map_err(RedisBackendError::Redis)?)
+    .map_err(RedisBackendError::Redis)?;
     let at = redis
         .url
         .clone()
@@ -400,19 +405,24 @@ fn keyed<A: Algorithm>(
     algorithm: A,
     settings: &LimiterSettings,
     accounts: Accounts,
-) -> Result<Store, QuotaError> {
+) -> Result<Store, KeyedBuildError> {
     let source = source(settings, accounts);
     let runtime = Handle::current();
-    let limiter = KeyedLimiter::builder(algorithm, settings.failsafe)
+    let builder = KeyedLimiter::builder(algorithm, settings.failsafe)
         .capacity(settings.capacity)
         .unknown_key_quota(settings.unknown)
         .refresh_every(settings.refresh)
+        .fetch_timeout(settings.fetch_timeout)
         .spawner(move |task| {
             runtime.spawn(task);
         })
         .on_fetch_error(|key: &String, e| tracing::warn!(key = %key, "quota fetch failed: {e}"))
-        .source(source)
-        .build()?;
+        .source(source);
+    let limiter = match settings.failsafe_pool {
+        Some(pool) => builder.failsafe_pool(pool),
+        None => builder,
+    }
+    .build()?;
     // Two handles on one limiter (a clone shares it).
     Ok(Store {
         backend: Arc::new(limiter.clone()),

@@ -120,6 +120,65 @@ fn the_demo_applies_the_failsafe_quota_until_the_fetch_completes() {
     assert_eq!(client.as_account(Some("admin@example.com")).status, 200);
 }
 
+/// New accounts whose quota fetch takes longer than the test: each would get the failsafe
+/// quota (10), all of them together get the failsafe pool's 5 (its next unit in 12 minutes).
+const POOLED: &str = "
+fetch_latency: 30s
+fetch_timeout: 60s
+failsafe: 10/s
+failsafe_pool: 5/h
+";
+
+/// 100 requests, each from a new account (all unknown): 100 were admitted, each on its own
+/// failsafe quota. Now the pool's 5, and the rest denied as unknown accounts are, with the
+/// pool's Retry-After. Fails with `failsafe_pool` left out of the config.
+#[test]
+fn a_flood_of_new_accounts_is_admitted_no_more_than_the_failsafe_pool() {
+    let (server, _dir) = start(POOLED);
+    let mut client = server.client();
+    let mut admitted = 0;
+    for n in 0..100 {
+        let r = client.as_account(Some(&format!("new{n}@example.com")));
+        match r.status {
+            200 => admitted += 1,
+            429 => {
+                let retry = r.number("retry-after");
+                assert!((600..=720).contains(&retry), "the pool's next unit: {r:?}");
+                assert_eq!(r.header("ratelimit-policy"), Some("\"default\";q=0"), "{r:?}");
+            }
+            _ => panic!("{r:?}"),
+        }
+    }
+    assert_eq!(admitted, 5);
+}
+
+/// 20 requests at once from one new account: 10 were admitted (its failsafe quota while its
+/// fetch ran), now the pool's 5.
+#[test]
+fn concurrent_requests_of_one_new_account_are_bounded_by_the_failsafe_pool() {
+    let (server, _dir) = start(POOLED);
+    let barrier = std::sync::Barrier::new(20);
+    let admitted = std::thread::scope(|scope| {
+        let requests: Vec<_> = (0..20)
+            .map(|_| {
+                let (server, barrier) = (&server, &barrier);
+                scope.spawn(move || {
+                    let mut client = server.client();
+                    barrier.wait();
+                    let r = client.as_account(Some("mallory@example.com"));
+                    assert!(r.status == 200 || r.status == 429, "{r:?}");
+                    r.status == 200
+                })
+            })
+            .collect();
+        requests
+            .into_iter()
+            .filter_map(|r| r.join().unwrap().then_some(()))
+            .count()
+    });
+    assert_eq!(admitted, 5);
+}
+
 fn check_fields(r: &Response) {
     let limit = r.number("x-ratelimit-limit");
     let remaining = r.number("x-ratelimit-remaining");

@@ -48,7 +48,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 pub use args::{Args, DEFAULT_CONNECTIONS, MAX_CONNECTIONS, MAX_DURATION};
 pub use error::LoadtestError;
-pub use profile::{Account, DEFAULT_HEADER_NAME, Expected, Profile, ProfileSet, UNIQUE_PLACEHOLDER};
+pub use profile::{
+    Account, DEFAULT_HEADER_NAME, DEMO_FAILSAFE_POOL, Expected, Profile, ProfileSet, UNIQUE_PLACEHOLDER,
+};
 pub use report::{Latencies, ProfileSummary, Report, TSV_COLUMNS, TrialRow, Verdict};
 
 use generator::Plan;

@@ -16,6 +16,17 @@ use crate::args::MAX_CONNECTIONS;
 /// ```
 pub const DEFAULT_HEADER_NAME: &str = "X-Account-ID";
 
+/// The rate (per second) of the demo's failsafe pool (`failsafe_pool` in `sluice serve`'s
+/// built-in config): what the demo's `invalidN` profile, a new account per request, gets.
+///
+/// ```
+/// use sluice_loadtest::{DEMO_FAILSAFE_POOL, Expected, ProfileSet};
+/// let demo = ProfileSet::demo();
+/// let flood = demo.profiles.iter().find(|p| p.name == "invalidN@example.com").unwrap();
+/// assert_eq!(flood.expected, Expected::Rate(DEMO_FAILSAFE_POOL));
+/// ```
+pub const DEMO_FAILSAFE_POOL: f64 = 20.0;
+
 /// The placeholder in a header value replaced by a new number on every request.
 ///
 /// ```
@@ -36,7 +47,8 @@ pub const UNIQUE_PLACEHOLDER: &str = "{n}";
 pub enum Expected {
     /// Requests per second.
     Rate(f64),
-    /// Never limited (a bypass account, or a new account on every request).
+    /// Never limited (a bypass account; or a new account on every request, against a server
+    /// without a failsafe pool).
     Unlimited,
 }
 
@@ -125,7 +137,7 @@ pub struct Profile {
 ///     connections: 4                 # optional
 ///   - name: invalidN@example.com
 ///     header: "invalid{n}@example.com"   # {n}: a new number on every request
-///     expected: unlimited
+///     expected: 20/s                     # the server's failsafe pool (or unlimited, without)
 /// ```
 ///
 /// # Example
@@ -147,8 +159,9 @@ const DEMO_NAMES: [&str; 2] = ["demo", "seed"];
 
 impl ProfileSet {
     /// The twelve profiles of the built-in demo: an unknown account, a new unknown account
-    /// per request, no account (`ANONYMOUS`), alice@example.com to eve@example.com at their
-    /// quotas, and admin@example.com, never limited.
+    /// per request (together at the demo's failsafe pool, [`DEMO_FAILSAFE_POOL`]), no account
+    /// (`ANONYMOUS`), alice@example.com to eve@example.com at their quotas, and
+    /// admin@example.com, never limited.
     pub fn demo() -> Self {
         let limited = |name: &str, rate: f64| Profile {
             name: format!("{name}@example.com"),
@@ -159,11 +172,12 @@ impl ProfileSet {
         let mut profiles = vec![
             // An account the server does not know: quota 0 once its fetch completes.
             limited("invalid", 0.0),
-            // A new unknown account on every request: each runs under the failsafe quota.
+            // A new unknown account on every request: each is admitted under the failsafe
+            // quota, and all of them together no more than the failsafe pool.
             Profile {
                 name: "invalidN@example.com".into(),
                 account: Account::from_header(Some("invalid{n}@example.com".into())),
-                expected: Expected::Unlimited,
+                expected: Expected::Rate(DEMO_FAILSAFE_POOL),
                 connections: None,
             },
             Profile {

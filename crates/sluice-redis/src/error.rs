@@ -42,6 +42,9 @@ pub enum Error {
     /// A quota derived for the local share is invalid.
     #[error("invalid quota: {0}")]
     Quota(#[from] sluice::QuotaError),
+    /// The in-memory store of quotas (or the local share's) refused a setting.
+    #[error(transparent)]
+    Keyed(#[from] sluice::KeyedBuildError),
     /// The cost can never be admitted under the key's quota.
     #[error(transparent)]
     Check(#[from] sluice::CheckError),

@@ -46,6 +46,7 @@ pub struct RedisLimiterBuilder<A, S> {
     capacity: usize,
     refresh: Duration,
     clock: LocalClock,
+    pool: Option<Quota>,
 }
 
 /// The host clock of the local share (only the fallback reads the host's clock).
@@ -65,6 +66,7 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiterBuilder<A, S> {
             capacity: self.capacity,
             refresh: self.refresh,
             clock: self.clock,
+            pool: self.pool,
         }
     }
 
@@ -108,6 +110,24 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiterBuilder<A, S> {
         self
     }
 
+    /// One shared limit on what keys without a quota of their own yet, and keys the quota
+    /// store cannot hold, are admitted together (default: none), as
+    /// [`sluice::KeyedBuilder::failsafe_pool`]: drawn on in this process before Redis is asked.
+    ///
+    /// # Example
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = sluice_redis::RedisLimiter::builder(sluice::TokenBucket, "10/s".parse()?)
+    ///     .failsafe_pool("100/s".parse()?) // all new keys together; 10/s each
+    ///     .connect("redis://127.0.0.1:6379", Default::default())
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn failsafe_pool(mut self, quota: Quota) -> Self {
+        self.pool = Some(quota);
+        self
+    }
+
     /// How often a held key's quota is fetched again (default 60 s).
     pub fn refresh_every(mut self, period: Duration) -> Self {
         self.refresh = period;
@@ -141,13 +161,16 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiterBuilder<A, S> {
         let spawn = move |task| {
             runtime.spawn(task);
         };
-        let book = KeyedLimiter::builder(Unmetered, self.failsafe)
+        let mut book = KeyedLimiter::builder(Unmetered, self.failsafe)
             .source(SharedSource(Arc::clone(&source)))
             .unknown_key_quota(self.unknown)
             .capacity(self.capacity)
             .refresh_every(self.refresh)
-            .spawner(spawn.clone())
-            .build()?;
+            .spawner(spawn.clone());
+        if let Some(pool) = self.pool {
+            book = book.failsafe_pool(pool);
+        }
+        let book = book.build()?;
         let fallback = match self.policy {
             FailurePolicy::LocalShare => {
                 let failsafe = share(self.failsafe, self.hosts)?;
@@ -255,6 +278,7 @@ impl<A: RedisAlgorithm> RedisLimiter<A> {
             capacity: DEFAULT_CAPACITY,
             refresh: DEFAULT_REFRESH,
             clock: Arc::new(MonotonicClock),
+            pool: None,
         }
     }
 }
@@ -315,17 +339,13 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiter<A, S> {
 
     /// The key's quota and plan, or the answer when Redis is not needed.
     pub(crate) fn prepare(&self, key: &str, cost: u64) -> Prepared {
-        let quota = self.quota_of(key);
-        let capacity = quota.capacity();
-        if cost > capacity {
-            return Prepared::Done(if quota.is_deny_all() {
-                Ok(Decision::denied(0, 0, 0, u64::MAX))
-            } else {
-                Err(CheckError::CostExceedsCapacity { cost, capacity }.into())
-            });
-        }
-        if quota.is_deny_all() {
-            return Prepared::Done(Ok(Decision::allowed(0, 0, 0)));
+        // The book counts nothing (Unmetered) but answers a cost above capacity, a deny-all
+        // quota and, for a key without its own quota yet, the failsafe pool (drawn on).
+        let (answer, quota) = self.inner.book.check_n_quoted(key, cost);
+        match answer {
+            Err(error) => return Prepared::Done(Err(error.into())),
+            Ok(d) if !d.is_allowed() || quota.is_deny_all() => return Prepared::Done(Ok(d)),
+            Ok(_) => {}
         }
         match Plan::new(self.inner.kind, &quota) {
             Ok(plan) => Prepared::Plan(quota, plan),

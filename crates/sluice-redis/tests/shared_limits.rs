@@ -304,6 +304,55 @@ async fn per_key_quotas_come_from_the_core_sources() {
     assert_eq!(limiter.check_n("carol", 0).await.expect("peek").limit(), 6);
 }
 
+/// Keys whose quota is still being fetched draw on the failsafe pool before Redis is asked:
+/// 40 new keys, and 20 checks of one, are admitted the pool's 4, not 10 each (the failsafe
+/// quota, which Redis alone would apply per key). Fails without the pool in `prepare`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_keys_share_the_failsafe_pool() {
+    let server = RedisServer::start();
+    let never = FnSource(|_key: &String| std::future::pending::<FetchResult>());
+    let limiter = RedisLimiter::builder(TokenBucket, quota("10/100day"))
+        .source(never)
+        .failsafe_pool(quota("4/100day"))
+        .prefix("pool")
+        .connect(&server.url(), RedisOptions::default())
+        .await
+        .expect("limiter");
+    let mut admitted = 0;
+    for n in 0..40 {
+        let decision = limiter.check_n(&format!("new-{n}"), 1).await.expect("check");
+        admitted += u64::from(decision.is_allowed());
+    }
+    assert_eq!(admitted, 4);
+    let denied = limiter.check_n("new-0", 1).await.expect("check");
+    assert!(!denied.is_allowed());
+    // The pool's next unit: 25 days after it started (the test's own run time less).
+    let unit = Duration::from_secs(25 * 86_400);
+    let retry = denied.retry_after();
+    assert!(
+        retry <= unit && retry > unit - Duration::from_secs(60),
+        "{retry:?}"
+    );
+
+    let one = RedisLimiter::builder(TokenBucket, quota("10/100day"))
+        .source(FnSource(|_key: &String| std::future::pending::<FetchResult>()))
+        .failsafe_pool(quota("4/100day"))
+        .prefix("pool-one")
+        .connect(&server.url(), RedisOptions::default())
+        .await
+        .expect("limiter");
+    let mut admitted = 0;
+    for _ in 0..20 {
+        admitted += u64::from(one.check_n("newcomer", 1).await.expect("check").is_allowed());
+    }
+    assert_eq!(admitted, 4);
+    assert_eq!(
+        one.metrics().redis_checks,
+        4,
+        "denied by the pool without asking Redis"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_url_is_a_clear_error_at_start_up() {
     let options = RedisOptions {

@@ -61,8 +61,9 @@ pub use concurrency::{AcquireError, ConcurrencyLimiter, OwnedPermit, Permit};
 pub use decision::Decision;
 pub use error::CheckError;
 pub use keyed::{
-    DEFAULT_CAPACITY, DEFAULT_REFRESH, FetchError, FetchResult, FnSource, KeyedBuilder, KeyedLimiter,
-    KeyedMetrics, Migrated, QuotaSource, Spawner, StaticQuotas, Task,
+    DEFAULT_CAPACITY, DEFAULT_FETCH_TIMEOUT, DEFAULT_MAX_FETCHES, DEFAULT_REFRESH, FetchError, FetchResult,
+    FnSource, KeyedBuildError, KeyedBuilder, KeyedLimiter, KeyedMetrics, MAX_REFRESH, Migrated, QuotaSource,
+    Spawner, StaticQuotas, Task,
 };
 pub use limiter::RateLimiter;
 pub use quota::{DurationError, MAX_SCALED_BURST, Quota, QuotaError, parse_duration};

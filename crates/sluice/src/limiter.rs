@@ -3,6 +3,8 @@
 #[cfg(all(test, loom))]
 mod loom_tests;
 mod refund;
+#[cfg(all(test, not(loom)))]
+mod tests;
 
 use crate::algorithm::succeed;
 use crate::chain::Receipt;
@@ -34,9 +36,11 @@ pub struct RateLimiter<A: Algorithm, C: Clock = MonotonicClock> {
     /// The limit in force; always one of `installed`.
     current: AtomicPtr<Limit<A>>,
     /// Every limit ever installed, kept until the limiter drops, because a check may still be
-    /// reading one that was just retired. A quota change or an epoch move (at most every 38
-    /// minutes, and only for rates with a large reduced count) adds one. The mutex also
-    /// serializes replacements; checks never take it.
+    /// reading one that was just retired. A quota change or an epoch move adds one; an epoch
+    /// moves at most every 2^39 ns (9 minutes: algorithms refuse quotas they cannot count for
+    /// 2^40 ns, and a move keeps at least half of that), and only for rates with a large
+    /// reduced count, so checks alone never grow it faster. The mutex also serializes
+    /// replacements; checks never take it.
     /// (`StableBox`: `current` holds a pointer to the newest one.)
     installed: Mutex<Vec<StableBox<Limit<A>>>>,
 }
@@ -126,9 +130,20 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
     /// was decided on and the time given to the algorithm.
     #[inline]
     pub(crate) fn take_n(&self, cost: u64) -> Result<(Decision, Receipt), CheckError> {
+        self.take_n_with(|| self.clock.now(), cost)
+    }
+
+    /// [`RateLimiter::take_n`] at the times `now` reads: the keyed limiter's failsafe pool
+    /// decides on its owner's clock.
+    #[inline(always)]
+    pub(crate) fn take_n_with(
+        &self,
+        now: impl Fn() -> u64,
+        cost: u64,
+    ) -> Result<(Decision, Receipt), CheckError> {
         loop {
             let limit = self.current();
-            let now = self.clock.now();
+            let now = now();
             if now > limit.last_valid {
                 self.replace(limit, None, now);
                 continue;
@@ -222,6 +237,25 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
         self.current
             .store(successor.as_non_null().as_ptr(), Ordering::Release);
         installed.push(successor);
+    }
+}
+
+impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
+    /// Gives back `cost` taken at clock reading `at` (as given to [`Self::take_n_with`]) when
+    /// the receipt is not at hand: on the limit in force, if `at` falls in its span. Across an
+    /// epoch move (same quota, state carried over exactly) that is the take's own state.
+    pub(crate) fn refund_at(&self, at: u64, cost: u64) {
+        let limit = self.current();
+        if at >= limit.epoch && at <= limit.last_valid {
+            self.algorithm
+                .refund(&limit.params, &limit.state, at - limit.epoch, cost);
+        }
+    }
+
+    /// How many limits this limiter has installed (tests: checks alone must not add any).
+    #[cfg(all(test, not(loom)))]
+    fn installed(&self) -> usize {
+        lock(&self.installed).len()
     }
 }
 

@@ -457,11 +457,6 @@ impl FromStr for Quota {
         };
         let unit_ns = unit_nanos(unit.trim())
             .ok_or_else(|| malformed("unknown period unit (use ns, us, ms, s, min, h or day)"))?;
-        let period_ns = multiple
-            .checked_mul(unit_ns)
-            .and_then(|p| p.checked_mul(scale))
-            .ok_or_else(|| overflow("period exceeds 584 years"))?;
-
         let capacity = match burst {
             Some(b) => b
                 .parse::<u64>()
@@ -470,6 +465,31 @@ impl FromStr for Quota {
             None if count == 0 => 0,
             None => count.div_ceil(scale).max(1),
         };
+        // COUNT/(MULTIPLE UNIT) is `count` per `scale × multiple × unit` ns; kept as written
+        // when that fits, else with the decimals' common factor taken out first
+        // (`1.000000/day` is 1 per day, not 10^6 per 10^6 days).
+        let in_ns = |count: u64, scale: u64| {
+            multiple
+                .checked_mul(unit_ns)
+                .and_then(|p| p.checked_mul(scale))
+                .map(|period_ns| (count, period_ns))
+        };
+        let g = gcd(count, scale).max(1);
+        let (count, period_ns) = in_ns(count, scale)
+            .or_else(|| in_ns(count / g, scale / g))
+            .ok_or_else(|| {
+                let unit = unit.trim();
+                overflow(&if scale / g == 1 {
+                    format!("period {multiple}{unit} exceeds 584 years (2^64 − 1 ns)")
+                } else {
+                    format!(
+                        "{number}/{period} is {} per {} × {multiple}{unit}, a period beyond 584 years \
+                         (2^64 − 1 ns); use fewer decimals",
+                        count / g,
+                        scale / g
+                    )
+                })
+            })?;
         Self::from_parts(capacity, count, period_ns)
     }
 }

@@ -126,17 +126,24 @@ fn unsettled_now() -> u64 {
 /// `Instant`, the tightest of several tries, midpoint. A try the thread was preempted in is
 /// wide, so it is not the one chosen: both ends of the calibration are paired this way.
 fn paired_reading() -> (Instant, u64) {
-    let mut best = (u64::MAX, Instant::now(), 0);
+    tightest_pair(read_counter, Instant::now)
+}
+
+/// [`paired_reading`] on given clocks: of 16 tries, each an `instant` bracketed by two
+/// `counter` readings, the one with the narrowest bracket (a counter that went back between
+/// its readings, as across cores, gives a huge width and is never chosen).
+fn tightest_pair(mut counter: impl FnMut() -> u64, mut instant: impl FnMut() -> Instant) -> (Instant, u64) {
+    let mut best = None::<(u64, Instant, u64)>;
     for _ in 0..16 {
-        let before = read_counter();
-        let instant = Instant::now();
-        let after = read_counter();
+        let before = counter();
+        let at = instant();
+        let after = counter();
         let width = after.wrapping_sub(before);
-        if width < best.0 {
-            best = (width, instant, before + width / 2);
+        if best.is_none_or(|(narrowest, _, _)| width < narrowest) {
+            best = Some((width, at, before.wrapping_add(width / 2)));
         }
     }
-    (best.1, best.2)
+    best.map_or_else(|| (instant(), counter()), |(_, at, ticks)| (at, ticks))
 }
 
 /// Nanoseconds from `origin` to now, saturating (at 584 years).
@@ -200,6 +207,32 @@ mod tests {
         assert_eq!(scale.nanos(10_004), 1_010);
         assert_eq!(scale.nanos(9_000), 1_000);
         assert_eq!(scale.nanos(u64::MAX), u64::MAX);
+    }
+
+    /// A preemption between the counter and `Instant` widens that try's bracket: the pairing
+    /// takes the narrowest try, whichever it is, and its midpoint. Fails if either side of the
+    /// bracket is not read (then the widths, and the pick, differ).
+    #[test]
+    fn the_pairing_takes_the_narrowest_bracket_whatever_else_was_preempted() {
+        let origin = Instant::now();
+        // (before, after) per try: wide (preempted), back (another core), narrow at try 5.
+        let brackets: Vec<(u64, u64)> = (0..16u64)
+            .map(|i| match i {
+                5 => (5_000, 5_010),
+                7 => (7_000, 6_990),
+                _ => (i * 1_000, i * 1_000 + 400 + i),
+            })
+            .collect();
+        let mut readings = brackets.iter().flat_map(|&(before, after)| [before, after]);
+        let mut tries = 0u32;
+        let (at, ticks) = tightest_pair(
+            || readings.next().unwrap_or(0),
+            || {
+                tries += 1;
+                origin + Duration::from_micros(u64::from(tries))
+            },
+        );
+        assert_eq!((at, ticks), (origin + Duration::from_micros(6), 5_005));
     }
 
     /// Over the switch from `Instant` to the counter and beyond, readings never go back and

@@ -390,6 +390,52 @@ fn token_bucket_survives_a_clock_jump_past_the_scaled_range() {
     }
 }
 
+/// Idle spells of many horizons (6 h and 100 h against 38 minutes; 2^50 ns against 2^41 for
+/// the window), and a quota change after one before any check moved the epoch: the carry-over
+/// took the scaled time of such an instant with a plain multiplication, which wrapped past 8
+/// horizons (found by `leaky_meter_quota_changes_match_model` in a debug build: "attempt to
+/// multiply with overflow"). Decisions still match the models.
+#[test]
+fn idle_spells_of_many_horizons_and_a_change_after_one_stay_exact() {
+    let hour = 3_600_000_000_000u64;
+    let quota: Quota = "1000003/s burst 5".parse().unwrap();
+    let ops = [(0, 5), (6 * hour, 5), (1, 1), (100 * hour, 3), (0, 3)];
+    run(TokenBucket, quota, 0, &mut Bucket::new(&quota, 0, 0), &ops);
+    let (c, p) = quota.reduced_rate();
+    let mut level = Level {
+        cap: quota.capacity().into(),
+        c: c.into(),
+        p: p.into(),
+        level: 0,
+        last: 0,
+    };
+    run(LeakyBucket::meter(), quota, 0, &mut level, &ops);
+    let next: Quota = "7/100ns burst 5".parse().unwrap();
+    let changes = [
+        (0, 5, None),
+        (6 * hour, 2, Some(next)),
+        (100 * hour, 1, Some(quota)),
+        (1, 4, None),
+    ];
+    run_with_changes(TokenBucket, quota, 0, &mut Bucket::new(&quota, 0, 0), &changes);
+
+    let wide: Quota = "1048576/ns".parse().unwrap();
+    let window = |q: &Quota| Windows {
+        epoch: 0,
+        len: q.fill_time_nanos(),
+        limit: q.capacity(),
+        counts: HashMap::new(),
+    };
+    let ops = [(0, 1 << 20), (1 << 50, 1 << 20), (1, 1)];
+    run(FixedWindow, wide, 0, &mut window(&wide), &ops);
+    let changes = [
+        (0, 1 << 20, None),
+        (1 << 50, 1, Some(wide.with_capacity(3).unwrap())),
+        (1, 3, None),
+    ];
+    run_with_changes(FixedWindow, wide, 0, &mut window(&wide), &changes);
+}
+
 /// A clock that runs into the end of the u64 range: checks keep working, never panic.
 #[test]
 fn every_algorithm_survives_the_end_of_time() {

@@ -83,6 +83,11 @@ fn malformed_and_impossible_quotas_say_what_is_wrong() {
         ("99999999999999999999999/s", "too many digits"),
         ("1.00000000000000000000001/s", "too many decimals"),
         ("1/99999999999day", "584 years"),
+        // Seven decimals of a day: 10000001 per 10^7 days, which no u64 of ns holds.
+        (
+            "1.0000001/day",
+            "10000001 per 10000000 × 1day, a period beyond 584 years",
+        ),
         ("1/day burst 1000000000", "cannot be held exactly"),
     ];
     for (text, needle) in cases {
@@ -106,4 +111,20 @@ fn constructors_agree_with_parsing() {
         parse("42/s").unwrap()
     );
     assert_eq!(Quota::new(1, Duration::ZERO), Err(QuotaError::ZeroPeriod));
+}
+
+/// Decimals whose period in nanoseconds would pass 2^64 − 1 as written are read in lowest
+/// terms: `1.000000/day` is 1 per day (it was refused as "period exceeds 584 years"), and
+/// what fits as written is kept as written.
+#[test]
+fn decimals_that_reduce_fit_where_the_written_period_does_not() {
+    let day = Duration::from_secs(86_400);
+    let q = parse("1.000000/day").unwrap();
+    assert_eq!((q.count(), q.period(), q.capacity()), (1, day, 1));
+    assert_eq!(q, parse("1/day").unwrap());
+    let q = parse("2.500000/day").unwrap();
+    assert_eq!((q.count(), q.period(), q.capacity()), (5, 2 * day, 3));
+    assert_eq!(q.reduced_rate(), parse("5/2day").unwrap().reduced_rate());
+    // Fits as written: unchanged (11 per 10 s, shown so).
+    assert_eq!(parse("1.1/s").unwrap().to_string(), "11/10s burst 2");
 }

@@ -83,6 +83,18 @@ impl RawConfig {
             Ok(quota)
         };
         let failsafe = held("failsafe", quota("failsafe", &self.failsafe)?)?;
+        // The pool is a token bucket whatever the keys' algorithm.
+        let failsafe_pool = match &self.failsafe_pool {
+            Some(text) => {
+                let pool = quota("failsafe_pool", text)?;
+                let bucket = AlgorithmKind::TokenBucket;
+                bucket
+                    .check(&pool)
+                    .map_err(|e| error("failsafe_pool", format!("{bucket} cannot hold {pool}: {e}")))?;
+                Some(pool)
+            }
+            None => None,
+        };
         let unknown = held("unknown", quota("unknown", &self.unknown)?)?;
         let capacity = self.capacity.unwrap_or(sluice::DEFAULT_CAPACITY);
         if capacity == 0 || capacity > MAX_CAPACITY {
@@ -92,12 +104,27 @@ impl RawConfig {
             ));
         }
         let fetch_latency = duration("fetch_latency", &self.fetch_latency)?;
+        let fetch_timeout = match &self.fetch_timeout {
+            Some(text) => positive("fetch_timeout", text)?,
+            None => sluice::DEFAULT_FETCH_TIMEOUT,
+        };
         let refresh = positive("refresh", &self.refresh)?;
+        if refresh > sluice::MAX_REFRESH {
+            return Err(error(
+                "refresh",
+                format!(
+                    "{:?} is too long: at most 2^63 − 1 ns (about 292 years)",
+                    self.refresh
+                ),
+            ));
+        }
         let limiter = LimiterSettings {
             algorithm,
             failsafe,
+            failsafe_pool,
             unknown,
             fetch_latency,
+            fetch_timeout,
             refresh,
             capacity,
             redis,

@@ -64,10 +64,15 @@ pub struct LimiterSettings {
     pub algorithm: AlgorithmKind,
     /// The quota of a key while its own is being fetched.
     pub failsafe: Quota,
+    /// One limit shared by everything admitted under the failsafe quota and by keys the
+    /// store cannot hold (a token bucket; none when not given).
+    pub failsafe_pool: Option<Quota>,
     /// The quota of keys not in `accounts`.
     pub unknown: Quota,
     /// Simulated latency of the quota fetch.
     pub fetch_latency: Duration,
+    /// How long a quota fetch may run before it counts as failed.
+    pub fetch_timeout: Duration,
     /// How often a key's quota is fetched again.
     pub refresh: Duration,
     /// The most keys held at once.
@@ -83,8 +88,10 @@ impl LimiterSettings {
         let Self {
             algorithm,
             failsafe,
+            failsafe_pool,
             unknown,
             fetch_latency,
+            fetch_timeout,
             refresh,
             capacity,
             redis,
@@ -97,8 +104,10 @@ impl LimiterSettings {
         };
         differs("algorithm", *algorithm != other.algorithm);
         differs("failsafe", *failsafe != other.failsafe);
+        differs("failsafe_pool", *failsafe_pool != other.failsafe_pool);
         differs("unknown", *unknown != other.unknown);
         differs("fetch_latency", *fetch_latency != other.fetch_latency);
+        differs("fetch_timeout", *fetch_timeout != other.fetch_timeout);
         differs("refresh", *refresh != other.refresh);
         differs("capacity", *capacity != other.capacity);
         differs("redis", *redis != other.redis);
@@ -243,6 +252,44 @@ mod tests {
         assert_eq!(s.bypass, ["admin@example.com"]);
         assert!(s.limiter.unknown.is_deny_all());
         assert!(!s.limiter.fetch_latency.is_zero());
+        assert_eq!(s.limiter.failsafe_pool, Some("20/s".parse().unwrap()));
+        assert_eq!(s.limiter.fetch_timeout, Duration::from_secs(5));
+    }
+
+    /// `sluice loadtest --profiles demo` expects of each profile what the built-in config
+    /// grants it: the accounts' quotas, and for a new account per request the failsafe pool.
+    #[test]
+    fn the_demo_profiles_expect_what_the_demo_grants() {
+        use sluice_loadtest::{Account, Expected, ProfileSet};
+        let s = parse(DEFAULT_CONFIG).unwrap();
+        let rate = |q: Quota| q.count() as f64 / q.period().as_secs_f64();
+        for profile in ProfileSet::demo().profiles {
+            let granted = match &profile.account {
+                Account::Fixed(key) if s.bypass.contains(key) => Expected::Unlimited,
+                Account::Fixed(key) => Expected::Rate(s.accounts.get(key).map_or(0.0, |q| rate(*q))),
+                Account::None => Expected::Rate(rate(s.accounts[&s.default_key])),
+                Account::Unique { .. } => Expected::Rate(rate(s.limiter.failsafe_pool.unwrap())),
+            };
+            assert_eq!(profile.expected, granted, "{}", profile.name);
+        }
+    }
+
+    #[test]
+    fn the_pool_and_the_fetch_timeout_are_optional_and_checked() {
+        let s = parse("{}").unwrap();
+        assert_eq!(s.limiter.failsafe_pool, None);
+        assert_eq!(s.limiter.fetch_timeout, sluice::DEFAULT_FETCH_TIMEOUT);
+        let s =
+            parse("algorithm: fixed_window\nfailsafe_pool: 5/min burst 2\nfetch_timeout: 250ms\n").unwrap();
+        assert_eq!(s.limiter.failsafe_pool, Some("5/min burst 2".parse().unwrap()));
+        assert_eq!(s.limiter.fetch_timeout, Duration::from_millis(250));
+        let e = parse("failsafe_pool: 18446744073709551615/ns burst 1\n").unwrap_err();
+        assert_eq!(e.field, "failsafe_pool");
+        assert!(e.message.contains("token_bucket cannot hold"), "{e}");
+        assert!(e.message.contains("2^40 ns"), "the limit: {e}");
+        let e = parse("refresh: 110000day\n").unwrap_err();
+        assert_eq!(e.field, "refresh");
+        assert!(e.message.contains("at most 2^63 − 1 ns"), "{e}");
     }
 
     #[test]
@@ -258,6 +305,9 @@ mod tests {
             ("capacity: lots\n", "capacity"),
             ("capacity: 1000000000000\n", "capacity"),
             ("fetch_latency: soon\n", "fetch_latency"),
+            ("fetch_timeout: 0s\n", "fetch_timeout"),
+            ("failsafe_pool: lots\n", "failsafe_pool"),
+            ("refresh: 110000day\n", "refresh"),
             ("trusted_proxies: [10.0.0.0/99]\n", "trusted_proxies[0]"),
             ("client_ip_header: via\n", "client_ip_header"),
             ("ipv6_prefix: 0\n", "ipv6_prefix"),

@@ -25,8 +25,12 @@ pub(super) struct RawConfig {
     pub algorithm: String,
     pub burst: Option<u64>,
     pub failsafe: String,
+    /// No pool when left out.
+    pub failsafe_pool: Option<String>,
     pub unknown: String,
     pub fetch_latency: String,
+    /// [`sluice::DEFAULT_FETCH_TIMEOUT`] when left out.
+    pub fetch_timeout: Option<String>,
     pub refresh: String,
     /// [`sluice::DEFAULT_CAPACITY`] when left out.
     pub capacity: Option<usize>,
@@ -52,8 +56,10 @@ impl Default for RawConfig {
             algorithm: "token_bucket".into(),
             burst: None,
             failsafe: "10/s".into(),
+            failsafe_pool: None,
             unknown: "0/s".into(),
             fetch_latency: "0s".into(),
+            fetch_timeout: None,
             refresh: "10s".into(),
             capacity: None,
             headers: true,

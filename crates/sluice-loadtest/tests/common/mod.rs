@@ -54,7 +54,9 @@ pub const BROKEN: &str = "broken@example.com";
 /// Starts the demo server on 127.0.0.1 and returns its address and counters.
 ///
 /// Unknown accounts get quota 0 once their (simulated, `fetch_latency` long) fetch completes;
-/// until then the failsafe quota `100/s` applies. `admin@example.com` bypasses the limiter.
+/// until then the failsafe quota `100/s` applies, all such accounts together within the
+/// failsafe pool (the demo's rate, with a burst of 100 so that a profile starting a hair after
+/// the flood of new accounts still finds some). `admin@example.com` bypasses the limiter.
 pub async fn demo_server(fetch_latency: Duration) -> (SocketAddr, Arc<Answered>) {
     let quotas =
         Arc::new(StaticQuotas::from_iter(ACCOUNTS.map(|(account, quota)| {
@@ -67,7 +69,9 @@ pub async fn demo_server(fetch_latency: Duration) -> (SocketAddr, Arc<Answered>)
             FetchResult::Ok(quota)
         }
     });
+    let pool = format!("{}/s burst 100", sluice_loadtest::DEMO_FAILSAFE_POOL);
     let limiter = KeyedLimiter::builder(TokenBucket, "100/s".parse().unwrap())
+        .failsafe_pool(pool.parse().unwrap())
         // Room for every invalidN account of a short test: evicting the others would send them
         // through the failsafe period again.
         .capacity(2_000_000)

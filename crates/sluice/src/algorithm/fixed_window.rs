@@ -67,7 +67,15 @@ impl Algorithm for FixedWindow {
     }
 
     fn params(&self, quota: &Quota) -> Result<WindowParams, QuotaError> {
-        Ok(WindowParams::new(quota))
+        let params = WindowParams::new(quota);
+        let how = || {
+            format!(
+                "its windows are {} ns long and admit {} each: give a smaller burst or a longer period",
+                params.window, params.limit
+            )
+        };
+        super::long_enough(quota, self.horizon(&params), how)?;
+        Ok(params)
     }
 
     fn horizon(&self, params: &WindowParams) -> u64 {

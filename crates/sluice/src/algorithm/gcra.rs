@@ -39,13 +39,21 @@ impl GcraParams {
                     "a maximum delay of {max_delay_ns} ns at {quota} cannot be held exactly"
                 ))
             })?;
-        Ok(Self {
+        let params = Self {
             c,
             p,
             capacity: quota.capacity(),
             tau,
             max_delay,
-        })
+        };
+        let how = || {
+            format!(
+                "its rate in lowest terms is {c} per {p} ns, and that count may be at most 2^21 ({})",
+                SCALED_LIMIT / super::MIN_HORIZON
+            )
+        };
+        super::long_enough(quota, params.horizon(), how)?;
+        Ok(params)
     }
 
     /// Scaled time stays below 2^61, TAT below 2^62.

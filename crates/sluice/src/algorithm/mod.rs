@@ -136,6 +136,27 @@ pub trait Algorithm: Send + Sync + 'static {
     fn is_idle(&self, params: &Self::Params, state: &Self::State, now: u64) -> bool;
 }
 
+/// The shortest span past its epoch a state must be able to count: 2^40 ns, about 18
+/// minutes. A limiter moves the epoch before the span runs out, and the direct limiter keeps
+/// every limit it installs until it drops (a check may still be reading a retired one): a
+/// quota whose span were a few nanoseconds would install one at nearly every check. Quotas
+/// that cannot be counted this long are refused when compiled.
+pub(crate) const MIN_HORIZON: u64 = 1 << 40;
+
+/// `Ok` if `horizon` is at least [`MIN_HORIZON`]; else the error, with `how()` saying which
+/// part of `quota` to change.
+pub(crate) fn long_enough(quota: &Quota, horizon: u64, how: impl Fn() -> String) -> Result<(), QuotaError> {
+    if horizon >= MIN_HORIZON {
+        return Ok(());
+    }
+    Err(QuotaError::Overflow(format!(
+        "{quota} can be counted only {horizon} ns past its time base, and at least 2^40 ns \
+         (about 18 minutes) is needed so that a limiter does not move its time base (and keep \
+         one more state) every few checks; {}",
+        how()
+    )))
+}
+
 /// Marks a retired single-word state. Live states stay below 2^62, so this never collides.
 pub(crate) const RETIRED: u64 = u64::MAX;
 

@@ -14,6 +14,12 @@ pub(crate) struct Compiled<A: Algorithm> {
     pub(crate) quota: Quota,
     pub(crate) params: A::Params,
     pub(crate) horizon: u64,
+    /// The first time past its epoch at which a check leaves the read-locked path: just past
+    /// the horizon, or at once for a pooled quota. One comparison serves both, so the hot path
+    /// pays nothing for the pool.
+    pub(crate) divert: u64,
+    /// The failsafe quota under a failsafe pool: checks under it also draw on the pool.
+    pub(crate) pooled: bool,
 }
 
 /// A compiled quota in the limiter's book, as its entries hold it.
@@ -67,9 +73,9 @@ const MIN_BOOKED_QUOTAS: usize = 1024;
 /// Every quota compiled so far, each compiled once and kept for the limiter's life.
 pub(crate) struct QuotaBook<A: Algorithm> {
     compiled: Mutex<HashMap<Quota, StableBox<Compiled<A>>>>,
-    /// The limiter's own quotas (failsafe, unknown-key), each compiled apart from the source's
-    /// even when equal in value, so an entry on one is told from an entry the source gave the
-    /// same quota (what `KeyedLimiter::migrate_into` needs to know).
+    /// The limiter's own quotas (failsafe, pooled failsafe, unknown-key), each compiled apart
+    /// from the source's even when equal in value, so an entry on one is told from an entry
+    /// the source gave the same quota (what the pool and `KeyedLimiter::migrate_into` need).
     own: Mutex<Vec<StableBox<Compiled<A>>>>,
     /// The most distinct quotas booked (see [`MIN_BOOKED_QUOTAS`]).
     max: usize,
@@ -107,10 +113,24 @@ impl<A: Algorithm> QuotaBook<A> {
     /// `quota` compiled for one of the limiter's own quotas, beyond the bound and apart from
     /// the source's: each call books a new one (a builder makes a handful).
     pub(crate) fn book_own(&self, algorithm: &A, quota: Quota) -> Result<LimitRef<A>, QuotaError> {
-        let booked = Self::compiled(algorithm, quota)?;
+        Ok(self.keep_own(Self::compiled(algorithm, quota)?))
+    }
+
+    /// `quota` compiled as the pooled failsafe quota: one of the limiter's own, whose checks
+    /// always take the slow path (`divert` 0) to draw on the pool.
+    pub(crate) fn book_pooled(&self, algorithm: &A, quota: Quota) -> Result<LimitRef<A>, QuotaError> {
+        Ok(self.keep_own(Compiled {
+            divert: 0,
+            pooled: true,
+            ..Self::compiled(algorithm, quota)?
+        }))
+    }
+
+    fn keep_own(&self, compiled: Compiled<A>) -> LimitRef<A> {
+        let booked = StableBox::new(compiled);
         let limit = LimitRef(booked.as_non_null());
         lock(&self.own).push(booked);
-        Ok(limit)
+        limit
     }
 
     fn compile(
@@ -121,19 +141,21 @@ impl<A: Algorithm> QuotaBook<A> {
         if let Some(booked) = compiled.get(&quota) {
             return Ok(LimitRef(booked.as_non_null()));
         }
-        let booked = Self::compiled(algorithm, quota)?;
+        let booked = StableBox::new(Self::compiled(algorithm, quota)?);
         let limit = LimitRef(booked.as_non_null());
         compiled.insert(quota, booked);
         Ok(limit)
     }
 
-    fn compiled(algorithm: &A, quota: Quota) -> Result<StableBox<Compiled<A>>, QuotaError> {
+    fn compiled(algorithm: &A, quota: Quota) -> Result<Compiled<A>, QuotaError> {
         let params = algorithm.params(&quota)?;
         let horizon = algorithm.horizon(&params);
-        Ok(StableBox::new(Compiled {
+        Ok(Compiled {
             quota,
             params,
             horizon,
-        }))
+            divert: horizon.saturating_add(1),
+            pooled: false,
+        })
     }
 }

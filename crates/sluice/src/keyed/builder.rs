@@ -5,10 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::book::QuotaBook;
-use super::fetch::{ErrorHook, Spawner, Task};
+use super::fetch::{ErrorHook, Slots, Spawner, Task};
 use super::index::MAX_ENTRIES;
 use super::lock::StripedRwLock;
 use super::metrics::Counters;
+use super::pool::Pool;
 use super::shard::{Shard, meta};
 use super::{FetchError, Inner, KeyedLimiter, QuotaSource, StaticQuotas};
 use crate::{Algorithm, Clock, MonotonicClock, Quota, QuotaError};
@@ -29,6 +30,9 @@ impl<K: Hash + Eq + Send + Sync + 'static, A: Algorithm> KeyedLimiter<K, A> {
             first_fetch_wait: None,
             spawner: None,
             on_fetch_error: None,
+            pool: None,
+            fetch_timeout: DEFAULT_FETCH_TIMEOUT,
+            max_fetches: DEFAULT_MAX_FETCHES,
         }
     }
 }
@@ -61,6 +65,9 @@ pub struct KeyedBuilder<K, A, S, C> {
     first_fetch_wait: Option<Duration>,
     spawner: Option<Spawner>,
     on_fetch_error: Option<ErrorHook<K>>,
+    pool: Option<Quota>,
+    fetch_timeout: Duration,
+    max_fetches: usize,
 }
 
 impl<K, A, S, C> KeyedBuilder<K, A, S, C> {
@@ -84,7 +91,8 @@ impl<K, A, S, C> KeyedBuilder<K, A, S, C> {
         self
     }
 
-    /// How often a key's quota is fetched again (default [`DEFAULT_REFRESH`]).
+    /// How often a key's quota is fetched again (default [`DEFAULT_REFRESH`], at most
+    /// [`MAX_REFRESH`]; at least about a millisecond, the resolution ages are kept at).
     pub fn refresh_every(mut self, period: Duration) -> Self {
         self.refresh = period;
         self
@@ -127,6 +135,89 @@ impl<K, A, S, C> KeyedBuilder<K, A, S, C> {
         self
     }
 
+    /// One shared limit, a token bucket of `quota`, on everything admitted under the failsafe
+    /// quota and on every key the store cannot hold (default: none). A new key (or one whose
+    /// fetches failed so far) is admitted only if both its own failsafe quota and the pool
+    /// have room, so a flood of new keys costs at most the pool however many keys it brings.
+    /// When the pool is spent such a key gets the unknown-key answer: denied, under the
+    /// unknown-key quota, with the pool's retry-after (a cost above the pool's capacity: its
+    /// time to refill). With [`wait_for_first_fetch`](Self::wait_for_first_fetch) a new key
+    /// waits for its own quota first and comes to the pool only if the wait runs out.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{FetchResult, FnSource, KeyedLimiter, ManualClock, TokenBucket};
+    /// // A source that never answers: every key stays on the failsafe quota (5/s each).
+    /// let source = FnSource(|_: &u64| std::future::pending::<FetchResult>());
+    /// let limiter = KeyedLimiter::builder(TokenBucket, "5/s".parse()?)
+    ///     .failsafe_pool("3/min".parse()?)
+    ///     .source(source)
+    ///     .spawner(|task| drop(task)) // a failed fetch: the key stays on the failsafe quota
+    ///     .clock(ManualClock::new(0))
+    ///     .build()?;
+    /// let admitted = (0..100u64).filter(|key| limiter.check(key).is_allowed()).count();
+    /// assert_eq!(admitted, 3); // not 100: the pool holds 3
+    /// let denied = limiter.check(&100);
+    /// assert_eq!(denied.retry_after().as_secs(), 20); // the pool's next unit
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn failsafe_pool(mut self, quota: Quota) -> Self {
+        self.pool = Some(quota);
+        self
+    }
+
+    /// How long a fetch may run before it ends as a failed fetch (default
+    /// [`DEFAULT_FETCH_TIMEOUT`]): the key keeps its last known quota (or the failsafe one),
+    /// the failure goes to the error hook and the `fetch_timeouts` counter, and the key is
+    /// fetched again a refresh period later. Real time, whatever the limiter's clock.
+    ///
+    /// # Example
+    /// ```
+    /// use std::time::Duration;
+    /// use sluice::{FetchResult, FnSource, KeyedLimiter, TokenBucket};
+    /// let hangs = FnSource(|_: &String| std::future::pending::<FetchResult>());
+    /// let limiter = KeyedLimiter::builder(TokenBucket, "1/s".parse()?)
+    ///     .source(hangs)
+    ///     .fetch_timeout(Duration::from_millis(10))
+    ///     .wait_for_first_fetch(Duration::from_secs(5)) // ends at the fetch timeout
+    ///     .build()?;
+    /// assert_eq!(limiter.check("alice").limit(), 1); // the failsafe quota
+    /// assert_eq!(limiter.metrics().fetch_timeouts, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn fetch_timeout(mut self, timeout: Duration) -> Self {
+        self.fetch_timeout = timeout;
+        self
+    }
+
+    /// The most fetches running at once (default [`DEFAULT_MAX_FETCHES`], at least 1): a
+    /// fetch that does not answer at once holds a place until it ends. With none free no task
+    /// is started: a new key starts on the failsafe quota (and the pool) and is fetched at a
+    /// later check, and a refresh waits for a later check.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{FetchResult, FnSource, KeyedLimiter, TokenBucket};
+    /// use std::sync::{Arc, Mutex};
+    /// let hangs = FnSource(|_: &u64| std::future::pending::<FetchResult>());
+    /// let tasks = Arc::new(Mutex::new(Vec::new()));
+    /// let held = Arc::clone(&tasks);
+    /// let limiter = KeyedLimiter::builder(TokenBucket, "1/s".parse()?)
+    ///     .source(hangs)
+    ///     .spawner(move |task| held.lock().unwrap().push(task)) // held, never run
+    ///     .max_fetches_in_flight(2)
+    ///     .build()?;
+    /// for key in 0..10u64 {
+    ///     let _ = limiter.check(&key);
+    /// }
+    /// assert_eq!(limiter.metrics().fetches_skipped, 8);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn max_fetches_in_flight(mut self, fetches: usize) -> Self {
+        self.max_fetches = fetches.max(1);
+        self
+    }
+
     /// Runs fetches that do not complete at once (required for such sources).
     pub fn spawner(mut self, spawner: impl Fn(Task) + Send + Sync + 'static) -> Self {
         self.spawner = Some(Arc::new(spawner));
@@ -153,6 +244,9 @@ impl<K, A, S, C> KeyedBuilder<K, A, S, C> {
             first_fetch_wait: self.first_fetch_wait,
             spawner: self.spawner,
             on_fetch_error: self.on_fetch_error,
+            pool: self.pool,
+            fetch_timeout: self.fetch_timeout,
+            max_fetches: self.max_fetches,
         }
     }
 
@@ -170,6 +264,9 @@ impl<K, A, S, C> KeyedBuilder<K, A, S, C> {
             first_fetch_wait: self.first_fetch_wait,
             spawner: self.spawner,
             on_fetch_error: self.on_fetch_error,
+            pool: self.pool,
+            fetch_timeout: self.fetch_timeout,
+            max_fetches: self.max_fetches,
         }
     }
 }
@@ -184,8 +281,18 @@ where
     /// The limiter.
     ///
     /// # Errors
-    /// [`QuotaError`] if the algorithm cannot hold the failsafe or unknown-key quota.
-    pub fn build(self) -> Result<KeyedLimiter<K, A, S, C>, QuotaError> {
+    /// [`KeyedBuildError::Quota`] if the algorithm cannot hold the failsafe or unknown-key
+    /// quota (or the token bucket the pool's), [`KeyedBuildError::RefreshTooLong`] for a
+    /// refresh period beyond [`MAX_REFRESH`].
+    pub fn build(self) -> Result<KeyedLimiter<K, A, S, C>, KeyedBuildError> {
+        if self.refresh > MAX_REFRESH {
+            return Err(KeyedBuildError::RefreshTooLong(self.refresh));
+        }
+        let own = |setting, quota, source| KeyedBuildError::Quota {
+            setting,
+            quota,
+            source,
+        };
         let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
         // A shard indexes at most `MAX_ENTRIES`: a larger capacity takes more shards.
         let shards = self
@@ -200,9 +307,24 @@ where
         let (owned, shared) = ((cores + 1).min(32), cores.div_ceil(2).min(8));
         let per_shard = self.capacity.div_ceil(shards);
         let book = QuotaBook::new(self.capacity);
-        let failsafe = book.book_own(&self.algorithm, self.failsafe)?;
-        let unknown = book.book_own(&self.algorithm, self.unknown)?;
-        let refresh_ticks = meta::tick(crate::saturating_nanos(self.refresh)).max(1);
+        let failsafe = match self.pool {
+            Some(_) => book.book_pooled(&self.algorithm, self.failsafe),
+            None => book.book_own(&self.algorithm, self.failsafe),
+        }
+        .map_err(|e| own("failsafe", self.failsafe, e))?;
+        let unknown = book
+            .book_own(&self.algorithm, self.unknown)
+            .map_err(|e| own("unknown-key", self.unknown, e))?;
+        let pool = match self.pool {
+            Some(quota) => {
+                Some(Pool::new(quota, self.clock.now()).map_err(|e| own("failsafe pool", quota, e))?)
+            }
+            None => None,
+        };
+        // Ages are counted to 2^20 ns (at least that, then); at most `MAX_REFRESH`, checked
+        // above, so it fits.
+        let refresh_after = (crate::saturating_nanos(self.refresh) & !meta::LOW).max(meta::LOW + 1);
+        let refresh_after = i64::try_from(refresh_after).unwrap_or(i64::MAX);
         Ok(KeyedLimiter {
             inner: Arc::new(Inner {
                 shards: (0..shards)
@@ -213,8 +335,11 @@ where
                 book,
                 failsafe,
                 unknown,
-                refresh_ticks,
+                refresh_after,
                 first_fetch_wait: self.first_fetch_wait,
+                pool,
+                slots: Slots::new(self.max_fetches),
+                fetch_timeout: self.fetch_timeout,
                 algorithm: self.algorithm,
                 clock: self.clock,
                 source: self.source,
@@ -231,6 +356,76 @@ pub const DEFAULT_CAPACITY: usize = 100_000;
 
 /// How often a key's quota is fetched again unless told otherwise.
 pub const DEFAULT_REFRESH: Duration = Duration::from_secs(60);
+
+/// The longest refresh period: 2^63 − 1 ns, about 292 years. A key's quota age is the
+/// difference of two clock readings taken as signed (so a check that read the clock just
+/// before a fetch was applied sees a negative age, not a due refresh).
+///
+/// # Example
+/// ```
+/// use sluice::{KeyedBuildError, KeyedLimiter, MAX_REFRESH, TokenBucket};
+/// let build = |period| KeyedLimiter::<u64, _>::builder(TokenBucket, "1/s".parse().unwrap())
+///     .refresh_every(period)
+///     .build();
+/// assert!(build(MAX_REFRESH).is_ok());
+/// let too_long = MAX_REFRESH + std::time::Duration::from_nanos(1);
+/// assert!(matches!(build(too_long), Err(KeyedBuildError::RefreshTooLong(_))));
+/// ```
+pub const MAX_REFRESH: Duration = Duration::from_nanos(i64::MAX.unsigned_abs());
+
+/// How long a quota fetch may run unless told otherwise: far beyond what a quota service
+/// should take, and short enough that a hung one frees its places among the fetches in
+/// flight within seconds.
+///
+/// # Example
+/// ```
+/// assert_eq!(sluice::DEFAULT_FETCH_TIMEOUT.as_secs(), 5);
+/// ```
+pub const DEFAULT_FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The most fetches in flight unless told otherwise: at a fetch latency of 50 ms, room for
+/// some 20 000 new keys a second, and a bound on the tasks a hung source can hold.
+///
+/// # Example
+/// ```
+/// assert_eq!(sluice::DEFAULT_MAX_FETCHES, 1024);
+/// ```
+pub const DEFAULT_MAX_FETCHES: usize = 1024;
+
+/// Why a keyed limiter could not be built.
+///
+/// # Example
+/// ```
+/// use sluice::{KeyedBuildError, KeyedLimiter, TokenBucket};
+/// let error = KeyedLimiter::<u64, _>::builder(TokenBucket, "1/s".parse()?)
+///     .failsafe_pool("18446744073709551615/ns burst 1".parse()?)
+///     .build()
+///     .unwrap_err();
+/// assert!(matches!(error, KeyedBuildError::Quota { setting: "failsafe pool", .. }));
+/// assert!(error.to_string().starts_with("the failsafe pool quota"));
+/// # Ok::<(), sluice::QuotaError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyedBuildError {
+    /// The algorithm (for the failsafe pool, the token bucket) cannot hold one of the
+    /// limiter's own quotas.
+    #[error("the {setting} quota {quota}: {source}")]
+    Quota {
+        /// `failsafe`, `unknown-key` or `failsafe pool`.
+        setting: &'static str,
+        /// The quota.
+        quota: Quota,
+        /// Why it cannot be held.
+        source: QuotaError,
+    },
+    /// The refresh period is longer than [`MAX_REFRESH`].
+    #[error(
+        "a refresh period of {0:?} is too long: at most 2^63 − 1 ns (about 292 years), the span \
+         a key's quota age is counted in"
+    )]
+    RefreshTooLong(Duration),
+}
 
 /// The most shards a limiter has.
 const MAX_SHARDS: usize = 1 << 16;

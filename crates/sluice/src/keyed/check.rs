@@ -27,6 +27,8 @@ enum Miss {
     Absent { inserts: u64 },
     /// The key's state must move to a new epoch, or was retired meanwhile.
     Stale,
+    /// The key is on the failsafe quota under a pool: checked on the pool too.
+    Pooled,
 }
 
 impl<K, A, S, C> KeyedLimiter<K, A, S, C>
@@ -50,6 +52,7 @@ where
         let hash = self.inner.hasher.hash_one(key);
         match self.check_present(hash, key, cost) {
             Ok(checked) => answer(checked),
+            Err(Miss::Pooled) => answer(self.check_pooled(hash, key, cost)),
             Err(miss) => answer(self.check_slow(hash, key.to_owned().into(), cost, miss)),
         }
     }
@@ -75,8 +78,13 @@ where
         let entry = &guard.entries[i];
         let now = inner.clock.now();
         let since = entry.since_epoch(now);
-        if since > entry.limit.horizon {
-            return Err(Miss::Stale);
+        // Past the horizon, or pooled (a separate path, so the hot one pays one comparison).
+        if since >= entry.limit.divert {
+            return Err(if entry.limit.pooled {
+                Miss::Pooled
+            } else {
+                Miss::Stale
+            });
         }
         let seen = entry.touch();
         let limit = entry.limit;
@@ -93,14 +101,71 @@ where
         let receipt = Receipt::new(since, entry.tag(seen));
         let refresh = inner.claim_refresh(entry, seen, now);
         drop(guard);
-        if refresh {
-            self.refresh(key.to_owned().into());
+        if let Some(slot) = refresh {
+            self.refresh(key.to_owned().into(), slot);
         }
         Ok(Checked {
             result,
             limit,
             receipt,
         })
+    }
+
+    /// A held key on the failsafe quota under a pool: checked, still under the read lock, on
+    /// its own state and then on the pool. Looked up again (the key is not copied: it is held);
+    /// gone, or past its horizon, it takes the slow path.
+    #[cold]
+    #[inline(never)]
+    fn check_pooled<Q>(&self, hash: u64, key: &Q, cost: u64) -> Checked<A>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        let inner = &*self.inner;
+        let guard = inner.shard(hash).read();
+        let Some(i) = guard.find(hash, key) else {
+            let miss = Miss::Absent {
+                inserts: guard.inserts,
+            };
+            drop(guard);
+            return self.check_slow(hash, key.to_owned().into(), cost, miss);
+        };
+        let entry = &guard.entries[i];
+        let now = inner.clock.now();
+        let since = entry.since_epoch(now);
+        let limit = entry.limit;
+        let checked = if since > limit.horizon {
+            None
+        } else if limit.pooled {
+            inner.decide_pooled(limit, &entry.state, entry.epoch, since, now, cost)
+        } else {
+            // Fetched meanwhile: its own quota, no pool.
+            let result = decide(
+                &inner.algorithm,
+                &limit.quota,
+                &limit.params,
+                &entry.state,
+                since,
+                cost,
+            );
+            result.map(|result| Checked {
+                result,
+                limit,
+                receipt: Receipt::new(since, entry.epoch),
+            })
+        };
+        let Some(checked) = checked else {
+            drop(guard);
+            return self.check_slow(hash, key.to_owned().into(), cost, Miss::Stale);
+        };
+        let seen = entry.touch();
+        let refresh = inner.claim_refresh(entry, seen, now);
+        drop(guard);
+        if let Some(slot) = refresh {
+            self.refresh(key.to_owned().into(), slot);
+        }
+        checked
     }
 
     /// Inserts the key, moves its epoch or finds it inserted meanwhile: under the write lock.
@@ -136,28 +201,18 @@ where
         let place = match guard.make_room(&inner.algorithm, hash, now, hash_of) {
             Room::Refused => {
                 drop(guard);
-                let scratch = Entry::new(&inner.algorithm, key, limit, now, bits);
-                let checked = inner.decide_on(&scratch, now, cost);
-                // Nothing was stored, so nothing can be given back.
-                return Checked {
-                    receipt: Receipt::NOTHING,
-                    ..checked
-                };
+                // Its fetch, if running, is dropped with it: there is nothing to apply it to.
+                return inner.decide_apart(key, limit, bits, now, cost);
             }
             Room::Free => None,
             Room::Reused(i) => Some(i),
         };
-        // The key is copied only when a fetch needs it too.
-        let (stored, fetch) = match pending {
-            Some(fetch) => (key.clone(), Some((key, fetch))),
-            None => (key, None),
-        };
-        let entry = Entry::new(&inner.algorithm, stored, limit, now, bits | meta::ONE_USE);
+        let entry = Entry::new(&inner.algorithm, key, limit, now, bits | meta::ONE_USE);
         let i = guard.insert(place, hash, entry, hash_of);
         let checked = inner.decide_on(&guard.entries[i], now, cost);
         drop(guard);
-        if let Some((key, fetch)) = fetch {
-            self.spawn_fetch(key, fetch);
+        if let Some(pending) = pending {
+            self.spawn_fetch(*pending);
         }
         checked
     }
@@ -173,10 +228,35 @@ impl<K, A: Algorithm, S, C> Inner<K, A, S, C> {
         self.decide_on(entry, now, cost)
     }
 
-    #[inline]
+    /// Decides on a key the store refused: on a fresh state and, whatever its quota, on the
+    /// pool.
+    #[cold]
+    #[inline(never)]
+    fn decide_apart(&self, key: K, limit: LimitRef<A>, bits: u64, now: u64, cost: u64) -> Checked<A> {
+        let scratch = Entry::new(&self.algorithm, key, limit, now, bits);
+        // A fresh state is never retired.
+        let checked = self
+            .decide_pooled(limit, &scratch.state, now, 0, now, cost)
+            .unwrap_or_else(|| self.retired(limit));
+        // Nothing was stored, so nothing can be given back.
+        Checked {
+            receipt: Receipt::NOTHING,
+            ..checked
+        }
+    }
+
+    /// Decides on `entry`; a pooled one on the pool too.
+    #[inline(always)]
     fn decide_on(&self, entry: &Entry<K, A>, now: u64, cost: u64) -> Checked<A> {
         let limit = entry.limit;
         let since = entry.since_epoch(now).min(limit.horizon);
+        // Tested before deciding, so that the common path builds its answer where it returns
+        // it (carrying one through the pool's call costs it about 30 instructions).
+        if limit.pooled {
+            return self
+                .decide_pooled(limit, &entry.state, entry.epoch, since, now, cost)
+                .unwrap_or_else(|| self.retired(limit));
+        }
         // Under the write lock (or on a private entry) the state cannot be retired.
         let result = decide(
             &self.algorithm,
@@ -191,6 +271,65 @@ impl<K, A: Algorithm, S, C> Inner<K, A, S, C> {
             result,
             limit,
             receipt: Receipt::new(since, entry.tag(entry.meta.load(Ordering::Relaxed))),
+        }
+    }
+
+    /// The answer for a state found retired where none can be (see `decide_on`).
+    #[cold]
+    fn retired(&self, limit: LimitRef<A>) -> Checked<A> {
+        Checked {
+            result: Ok(Decision::denied(limit.quota.capacity(), 0, 0, 1)),
+            limit,
+            receipt: Receipt::NOTHING,
+        }
+    }
+
+    /// Decides `cost` on a state of `limit` (epoch `epoch`) at `since` past it, and then on
+    /// the failsafe pool; `None` if the state was retired.
+    #[cold]
+    #[inline(never)]
+    fn decide_pooled(
+        &self,
+        limit: LimitRef<A>,
+        state: &A::State,
+        epoch: u64,
+        since: u64,
+        now: u64,
+        cost: u64,
+    ) -> Option<Checked<A>> {
+        let result = decide(&self.algorithm, &limit.quota, &limit.params, state, since, cost)?;
+        let checked = Checked {
+            result,
+            limit,
+            receipt: Receipt::new(since, epoch),
+        };
+        Some(self.through_pool(checked, state, now, cost))
+    }
+
+    /// Takes what `checked` admitted from the failsafe pool as well, if there is one. With
+    /// the pool spent, the key gets the unknown-key answer: denied, under the unknown-key
+    /// quota, with the pool's retry-after; what the check took from `state` is given back.
+    fn through_pool(&self, checked: Checked<A>, state: &A::State, now: u64, cost: u64) -> Checked<A> {
+        let Some(pool) = &self.pool else {
+            return checked;
+        };
+        if cost == 0 || !matches!(&checked.result, Ok(decision) if decision.is_allowed()) {
+            return checked;
+        }
+        let retry_after = match pool.take(now, cost) {
+            Ok(decision) if decision.is_allowed() => return checked,
+            Ok(decision) => decision.retry_after_nanos(),
+            // More than the whole pool: not before it is full again.
+            Err(_) => pool.quota().fill_time_nanos(),
+        };
+        let limit = checked.limit;
+        self.algorithm
+            .refund(&limit.params, state, checked.receipt.at(), cost);
+        let unknown = self.unknown;
+        Checked {
+            result: Ok(Decision::denied(unknown.quota.capacity(), 0, 0, retry_after)),
+            limit: unknown,
+            receipt: Receipt::NOTHING,
         }
     }
 }

@@ -15,8 +15,17 @@ pub struct KeyedMetrics {
     pub refused: u64,
     /// Quota fetches started.
     pub fetches: u64,
-    /// Quota fetches that failed (the key kept its last known quota).
+    /// Quota fetches that failed (the key kept its last known quota), the two below among them.
     pub fetch_errors: u64,
+    /// Quota fetches that did not answer within the fetch timeout.
+    pub fetch_timeouts: u64,
+    /// Quota fetches whose source panicked (caught).
+    pub fetch_panics: u64,
+    /// New keys that started without a fetch task because every place for fetches in flight
+    /// was taken (fetched at a later check).
+    pub fetches_skipped: u64,
+    /// Fetches running now (at most the limiter's bound).
+    pub fetches_in_flight: u64,
 }
 
 /// The limiter-wide counters. Evictions and refusals are counted per shard, under its write
@@ -25,6 +34,9 @@ pub struct KeyedMetrics {
 pub(crate) struct Counters {
     pub(crate) fetches: AtomicU64,
     pub(crate) fetch_errors: AtomicU64,
+    pub(crate) fetch_timeouts: AtomicU64,
+    pub(crate) fetch_panics: AtomicU64,
+    pub(crate) fetches_skipped: AtomicU64,
 }
 
 impl Counters {
@@ -33,6 +45,9 @@ impl Counters {
         KeyedMetrics {
             fetches: load(&self.fetches),
             fetch_errors: load(&self.fetch_errors),
+            fetch_timeouts: load(&self.fetch_timeouts),
+            fetch_panics: load(&self.fetch_panics),
+            fetches_skipped: load(&self.fetches_skipped),
             ..KeyedMetrics::default()
         }
     }

@@ -86,7 +86,7 @@ where
         let mut new: Vec<_> = to.shards.iter().map(|shard| shard.write()).collect();
         let (old_now, new_now) = (from.clock.now(), to.clock.now());
         // A refresh is due at once: the target's source has the say on every key.
-        let due = (meta::tick(new_now).wrapping_sub(to.refresh_ticks) & 0xFFFF_FFFF) << 32;
+        let due = meta::due(new_now, to.refresh_after.unsigned_abs());
         let hash_of = |key: &K| to.hasher.hash_one(key);
         let mut done = Migrated::default();
         // Keys whose consumption still counts first, so a smaller target keeps those.
@@ -133,6 +133,10 @@ where
                     done.moved += 1;
                 }
             }
+        }
+        // Newcomers decided on the old pool count against the new one.
+        if let (Some(old_pool), Some(new_pool)) = (&from.pool, &to.pool) {
+            new_pool.carry(new_now, old_pool.used(old_now));
         }
         done
     }
@@ -289,5 +293,30 @@ mod tests {
         let migrated = other.migrate_into(&again);
         assert_eq!((migrated.moved, migrated.dropped), (0, 1));
         assert_eq!(again.check_n(&1, 0).unwrap().remaining(), 0);
+    }
+
+    #[test]
+    fn the_pool_in_use_stays_in_use() {
+        let clock = ManualClock::new(1_000);
+        let build = |pool: &str| {
+            KeyedLimiter::<u64, _>::builder(TokenBucket, quota("5/h"))
+                .failsafe_pool(quota(pool))
+                .source(Silent)
+                .spawner(drop)
+                .clock(clock.clone())
+                .build()
+                .unwrap()
+        };
+        let running = build("5/h");
+        // Four newcomers on the failsafe quota: four units of the pool.
+        for key in 0..4 {
+            assert!(running.check(&key).is_allowed(), "key {key}");
+        }
+        let next = build("6/h");
+        running.migrate_into(&next);
+        // Two of the larger pool left.
+        assert!(next.check(&10).is_allowed());
+        assert!(next.check(&11).is_allowed());
+        assert!(!next.check(&12).is_allowed());
     }
 }

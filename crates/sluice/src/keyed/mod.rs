@@ -15,12 +15,13 @@
 //!   admission, with a count-min sketch of recent keys).
 //!
 //! So a flood of one-shot keys cannot push out keys in use; a refused newcomer is decided on a
-//! fresh state and not stored.
+//! fresh state and on the failsafe pool (if any), and not stored.
 //!
 //! The files: `builder.rs` (settings), `book.rs` (compiled quotas), `check.rs` (the two check
-//! paths), `fetch.rs` (quota fetches), `migrate.rs` (moving held keys into a limiter built
-//! with other settings), `refund.rs` (takes and refunds for chains), `shard.rs`,
-//! `index.rs`, `lock.rs` and `sketch.rs` (the store), `metrics.rs`, `source.rs`.
+//! paths), `fetch.rs` (quota fetches) and `timer.rs` (their deadlines), `pool.rs` (the failsafe
+//! pool), `migrate.rs` (moving held keys into a limiter built with other settings),
+//! `refund.rs` (takes and refunds for chains), `shard.rs`, `index.rs`, `lock.rs` and
+//! `sketch.rs` (the store), `metrics.rs`, `source.rs`.
 
 mod book;
 mod builder;
@@ -30,10 +31,12 @@ mod index;
 mod lock;
 mod metrics;
 mod migrate;
+mod pool;
 mod refund;
 mod shard;
 mod sketch;
 mod source;
+mod timer;
 
 use std::borrow::Borrow;
 use std::fmt;
@@ -42,13 +45,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use book::{LimitRef, QuotaBook};
-pub use builder::{DEFAULT_CAPACITY, DEFAULT_REFRESH, KeyedBuilder};
-use fetch::ErrorHook;
+pub use builder::{
+    DEFAULT_CAPACITY, DEFAULT_FETCH_TIMEOUT, DEFAULT_MAX_FETCHES, DEFAULT_REFRESH, KeyedBuildError,
+    KeyedBuilder, MAX_REFRESH,
+};
+use fetch::{ErrorHook, Slots};
 pub use fetch::{Spawner, Task};
 use lock::StripedRwLock;
 use metrics::Counters;
 pub use metrics::KeyedMetrics;
 pub use migrate::Migrated;
+use pool::Pool;
 use shard::Shard;
 pub use source::{FetchError, FetchResult, FnSource, QuotaSource, StaticQuotas};
 
@@ -66,6 +73,12 @@ use crate::{Algorithm, CheckError, Clock, Decision, MonotonicClock, Quota};
 /// reported to the error hook. A key the source does not know gets the unknown-key quota (0
 /// denies). A changed quota applies to the live state without resetting it, by the same rule
 /// as [`crate::RateLimiter::set_quota`].
+///
+/// **Cold starts.** A failsafe pool ([`KeyedBuilder::failsafe_pool`]) bounds what all keys on
+/// the failsafe quota, and all keys the store cannot hold, are admitted together, so a flood
+/// of new keys costs at most the pool. A fetch that panics or outlives the fetch timeout
+/// ([`KeyedBuilder::fetch_timeout`]) is a failed fetch; fetches in flight are bounded
+/// ([`KeyedBuilder::max_fetches_in_flight`]).
 ///
 /// # Example
 /// ```
@@ -111,8 +124,14 @@ pub(crate) struct Inner<K, A: Algorithm, S, C> {
     pub(crate) book: QuotaBook<A>,
     pub(crate) failsafe: LimitRef<A>,
     pub(crate) unknown: LimitRef<A>,
-    pub(crate) refresh_ticks: u64,
+    /// The age (ns, a multiple of 2^20) at which a key's quota is fetched again.
+    pub(crate) refresh_after: i64,
     pub(crate) first_fetch_wait: Option<Duration>,
+    /// The failsafe pool, if one was asked for (then `failsafe` is pooled).
+    pub(crate) pool: Option<Pool>,
+    /// The places for fetches in flight.
+    pub(crate) slots: Arc<Slots>,
+    pub(crate) fetch_timeout: Duration,
     pub(crate) source: Option<S>,
     pub(crate) spawner: Option<Spawner>,
     pub(crate) on_fetch_error: Option<ErrorHook<K>>,
@@ -200,9 +219,11 @@ where
         self.check_key(key, 0, |checked| checked.limit.quota)
     }
 
-    /// Counters: entries held, evictions by reason, refusals, fetches and fetch errors.
+    /// Counters: entries held, evictions by reason, refusals, fetches, their faults and those
+    /// in flight.
     pub fn metrics(&self) -> KeyedMetrics {
         let mut metrics = self.inner.counters.read();
+        metrics.fetches_in_flight = self.inner.slots.in_flight();
         for shard in &self.inner.shards {
             let shard = shard.read();
             metrics.entries += shard.entries.len() as u64;

@@ -49,6 +49,12 @@ where
             if entry.tag(bits) == receipt.tag() && receipt.at() <= entry.limit.horizon {
                 let params = &entry.limit.params;
                 inner.algorithm.refund(params, &entry.state, receipt.at(), cost);
+                // A take on the pooled failsafe quota took from the pool too, at the same time.
+                if entry.limit.pooled
+                    && let Some(pool) = &inner.pool
+                {
+                    pool.give_back(entry.epoch.saturating_add(receipt.at()), cost);
+                }
             }
         }
     }

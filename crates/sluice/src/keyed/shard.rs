@@ -10,28 +10,37 @@ use crate::Algorithm;
 use crate::algorithm::succeed;
 
 /// The packed bookkeeping of an entry: recent-use count (bits 0–7), a fetch in flight (bit 8),
-/// a quota known from the source (bit 9), how many times the state was replaced (bits 10–31,
-/// wrapping), and when it was last fetched (bits 32–63, in units of 2^20 ns ≈ 1 ms, wrapping).
+/// a quota known from the source (bit 9), how many times the state was replaced (bits 10–19,
+/// wrapping), and when it was last fetched (bits 20–63: the clock reading itself, to 2^20 ns
+/// ≈ 1 ms). Ages are differences of whole readings, so they never wrap (as 32-bit tick counts
+/// they did, every 2^52 ns: a refresh period of 2^52 ns read as 0).
 pub(crate) mod meta {
     pub(crate) const FREQUENCY: u64 = 0xFF;
     pub(crate) const FETCHING: u64 = 1 << 8;
     pub(crate) const KNOWN: u64 = 1 << 9;
     const GENERATION_SHIFT: u32 = 10;
-    const GENERATION: u64 = 0x3F_FFFF << GENERATION_SHIFT;
+    const GENERATION: u64 = 0x3FF << GENERATION_SHIFT;
     pub(crate) const MAX_FREQUENCY: u64 = 15;
     /// The use count of a new entry: the check that brought it in.
     pub(crate) const ONE_USE: u64 = 1;
-
-    pub(crate) fn tick(now: u64) -> u64 {
-        (now >> 20) & 0xFFFF_FFFF
-    }
-
-    pub(crate) fn fetched_at(meta: u64) -> u64 {
-        meta >> 32
-    }
+    /// The bits below the fetch time.
+    pub(crate) const LOW: u64 = (1 << 20) - 1;
 
     pub(crate) fn with_fetched_at(meta: u64, now: u64) -> u64 {
-        (meta & 0xFFFF_FFFF) | (tick(now) << 32)
+        (meta & LOW) | (now & !LOW)
+    }
+
+    /// Nanoseconds (whole 2^20) since the last fetch: negative if `now` was read before the
+    /// fetch was applied (a check racing the apply: not due).
+    #[inline]
+    pub(crate) fn age(meta: u64, now: u64) -> i64 {
+        (now & !LOW).wrapping_sub(meta & !LOW) as i64
+    }
+
+    /// The bookkeeping of a key that has yet to be fetched: as if fetched `refresh` (a
+    /// multiple of 2^20 ns) before `now`, so its next check claims the fetch.
+    pub(crate) fn due(now: u64, refresh: u64) -> u64 {
+        now.wrapping_sub(refresh) & !LOW
     }
 
     pub(crate) fn generation(meta: u64) -> u64 {
@@ -83,7 +92,7 @@ impl<K, A: Algorithm> Entry<K, A> {
 
     /// The name receipts give the current state, given the entry's bookkeeping: the epoch plus
     /// the replacement count. A replacement adds one to the count and never moves the epoch
-    /// back, so the states of one entry get distinct names (until the count wraps, after 2^22
+    /// back, so the states of one entry get distinct names (until the count wraps, after 2^10
     /// replacements).
     pub(crate) fn tag(&self, bits: u64) -> u64 {
         self.epoch.wrapping_add(meta::generation(bits))
