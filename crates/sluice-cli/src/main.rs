@@ -6,6 +6,7 @@ mod connection;
 mod limits;
 mod redis_backend;
 mod server;
+mod service;
 
 use std::io::IsTerminal as _;
 use std::net::SocketAddr;

@@ -51,6 +51,9 @@ pub enum ServeError {
     /// The limiter or the layer could not be built.
     #[error("{0}")]
     App(#[from] crate::app::AppError),
+    /// The rate-limit service could not start.
+    #[error("{0}")]
+    Service(#[from] crate::service::ServiceError),
 }
 
 /// What the server runs with.
@@ -124,6 +127,8 @@ pub async fn serve(
         stop: watch::Sender::new(false),
         drained: watch::Sender::new(false),
     });
+    // Its lines go to stdout before the one a spawning process waits for.
+    let _engine = crate::service::start(&options.settings, acceptor.stop.subscribe()).await?;
     let workers = (1..threads)
         .map(|i| spawn_worker(i, bound, Arc::clone(&acceptor)))
         .collect::<Result<Vec<_>, _>>()

@@ -3,6 +3,7 @@
 //! `X-RateLimit-*` trio.
 
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::LocalKey;
 
 use bytes::Bytes;
@@ -255,6 +256,55 @@ fn put_policy(text: &mut Vec<u8>, policy: &str) {
 /// Prints a number in decimal.
 fn put_u64(text: &mut Vec<u8>, n: u64) {
     text.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+}
+
+static NEXT_POLICY_ID: AtomicU64 = AtomicU64::new(0);
+
+/// A number no other policy of this process has: the per-thread caches above are keyed by it.
+pub(crate) fn next_policy_id() -> u64 {
+    NEXT_POLICY_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A named policy whose rate-limit fields answers carry, for front ends that write them
+/// somewhere other than a response of the layer (the rate-limit service's
+/// `response_headers_to_add`).
+///
+/// # Example
+/// ```
+/// use sluice::Decision;
+/// use sluice_http::FieldPolicy;
+/// let policy = FieldPolicy::new("per_user").unwrap();
+/// let fields = policy.fields(&Decision::denied(10, 0, 2_000_000_000, 500_000_000), Some("10/2s".parse()?));
+/// assert_eq!(fields["ratelimit-policy"], "\"per_user\";q=10;w=2");
+/// assert_eq!(fields["retry-after"], "1");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct FieldPolicy {
+    id: u64,
+    name: String,
+}
+
+impl FieldPolicy {
+    /// A policy named `name`: printable ASCII without `"` or `\`, as a structured-field
+    /// string needs; `None` otherwise.
+    pub fn new(name: impl Into<String>) -> Option<Self> {
+        let name = name.into();
+        valid_policy_name(&name).then(|| Self {
+            id: next_policy_id(),
+            name,
+        })
+    }
+
+    /// The fields of `decision` under `quota`: `RateLimit-Policy`, `RateLimit`, the
+    /// `X-RateLimit-*` trio and, on a denial, `Retry-After`.
+    pub fn fields(&self, decision: &Decision, quota: Option<Quota>) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        RateFields::new(decision, quota)
+            .render(self.id, &self.name)
+            .write(&mut headers);
+        headers
+    }
 }
 
 /// Whether a policy name can be written as a structured-field string.

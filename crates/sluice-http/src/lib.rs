@@ -57,6 +57,7 @@ mod proxy;
 
 pub use backend::{CheckFuture, LimitBackend};
 pub use cost::{CostRule, PathError, RouteCosts, normalize_path};
+pub use headers::FieldPolicy;
 pub use key::{KeyPart, KeyPartError, MAX_KEY_LEN};
 pub use layer::{
     BuildError, DEFAULT_IPV6_PREFIX, EXCEEDED_BODY, PeerAddrReader, RateLimit, RateLimitBuilder,

@@ -7,8 +7,8 @@ use std::net::SocketAddr;
 use sluice::{AlgorithmKind, KeyedLimiter, Quota, TokenBucket};
 use sluice_http::{BuildError, ClientIpHeader, CostRule, IpNet, KeyPart, RateLimitLayer, normalize_path};
 
-use super::raw::{RawConfig, RawCost, RawKey};
-use super::{ConfigError, LimiterSettings, Settings, duration, error};
+use super::raw::{RawConfig, RawCost, RawKey, RawListener, RawRls};
+use super::{ConfigError, LimiterSettings, LoadedRules, ServiceSettings, Settings, duration, error};
 
 /// The most keys a config may ask the limiter to hold (about 6 GB of entries): a bound, so a
 /// typo cannot make the server try to allocate without limit at start.
@@ -57,7 +57,7 @@ fn positive(field: &str, text: &str) -> Result<std::time::Duration, ConfigError>
 
 impl RawConfig {
     /// The checked settings, or the first field at fault.
-    pub(super) fn check(self) -> Result<Settings, ConfigError> {
+    pub(super) fn check(self, dir: Option<&std::path::Path>) -> Result<Settings, ConfigError> {
         let listen = self
             .listen
             .parse::<SocketAddr>()
@@ -180,6 +180,13 @@ impl RawConfig {
         let costs = (self.costs.iter().enumerate())
             .map(|(i, rule)| cost(i, rule))
             .collect::<Result<Vec<_>, _>>()?;
+        let service = service(
+            self.rules.as_deref(),
+            self.rls.as_ref(),
+            self.api.as_ref(),
+            self.counting.as_deref(),
+            dir,
+        )?;
         Ok(Settings {
             listen,
             idle_timeout,
@@ -197,8 +204,58 @@ impl RawConfig {
             bypass: self.bypass,
             costs,
             headers: self.headers,
+            service,
         })
     }
+}
+
+/// The rate-limit service's settings: the rules loaded and checked (their errors name the
+/// rule file and the field in it), the listeners, the counting.
+fn service(
+    rules: Option<&str>,
+    rls: Option<&RawRls>,
+    api: Option<&RawListener>,
+    counting: Option<&str>,
+    dir: Option<&std::path::Path>,
+) -> Result<Option<ServiceSettings>, ConfigError> {
+    let address = |field: &str, text: &str| {
+        text.parse::<SocketAddr>()
+            .map_err(|e| error(field, format!("invalid address {text:?}: {e}")))
+    };
+    let rls_listen = rls.map(|r| address("rls.listen", &r.listen)).transpose()?;
+    let api_listen = api.map(|a| address("api.listen", &a.listen)).transpose()?;
+    let fields = match rls.and_then(|r| r.headers.as_deref()) {
+        Some(text) => text.parse().map_err(|e| error("rls.headers", e))?,
+        None => sluice_service::FieldSet::default(),
+    };
+    let counting = match counting {
+        Some(text) => text.parse().map_err(|e| error("counting", e))?,
+        None => sluice_service::Counting::default(),
+    };
+    let Some(rules) = rules else {
+        if rls_listen.is_some() || api_listen.is_some() {
+            let field = if rls_listen.is_some() { "rls" } else { "api" };
+            return Err(error(
+                field,
+                "the service needs rules: give `rules: FILE_OR_DIRECTORY`",
+            ));
+        }
+        return Ok(None);
+    };
+    let written = std::path::PathBuf::from(rules);
+    let path = match dir {
+        Some(dir) if written.is_relative() => dir.join(&written),
+        _ => written.clone(),
+    };
+    let loaded = sluice_descriptors::RuleSet::load(&path).map_err(|e| error("rules", e))?;
+    Ok(Some(ServiceSettings {
+        rules_path: path,
+        rules: std::sync::Arc::new(LoadedRules(loaded)),
+        rls: rls_listen,
+        api: api_listen,
+        counting,
+        fields,
+    }))
 }
 
 /// The key's parts, and the layer's own check of them with the default key, the maximum

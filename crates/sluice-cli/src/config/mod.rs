@@ -152,6 +152,34 @@ pub struct Settings {
     pub costs: Vec<CostRule>,
     /// Whether admitted responses carry the rate-limit fields.
     pub headers: bool,
+    /// The rate-limit service, if rules are configured.
+    pub service: Option<ServiceSettings>,
+}
+
+/// The rate-limit service: descriptor rules and where they are asked for.
+#[derive(Debug, Clone)]
+pub struct ServiceSettings {
+    /// The rules' file or directory, as written in the config.
+    pub rules_path: std::path::PathBuf,
+    /// The rules, loaded and checked.
+    pub rules: std::sync::Arc<LoadedRules>,
+    /// Where the RLS v3 gRPC service listens, if anywhere.
+    pub rls: Option<SocketAddr>,
+    /// Where the HTTP check API listens, if anywhere.
+    pub api: Option<SocketAddr>,
+    /// How one request's descriptors are counted.
+    pub counting: sluice_service::Counting,
+    /// The rate-limit fields answers carry.
+    pub fields: sluice_service::FieldSet,
+}
+
+/// Loaded descriptor rules (a newtype so settings print without every rule).
+pub struct LoadedRules(pub sluice_descriptors::RuleSet);
+
+impl std::fmt::Debug for LoadedRules {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} rules", self.0.len())
+    }
 }
 
 /// Reads and checks a config file.
@@ -162,7 +190,8 @@ pub fn load(path: &Path) -> Result<Settings, ConfigError> {
 /// Reads and checks a config file, returning the bytes read too (what a reload compares with).
 pub fn load_with_bytes(path: &Path) -> Result<(Settings, Vec<u8>), ConfigError> {
     let bytes = std::fs::read(path).map_err(|e| error("file", e))?;
-    let settings = parse_bytes(&bytes)?;
+    let text = std::str::from_utf8(&bytes).map_err(|_| error("file", "not UTF-8 text"))?;
+    let settings = parse_in(text, path.parent())?;
     Ok((settings, bytes))
 }
 
@@ -182,6 +211,12 @@ pub fn parse_bytes(bytes: &[u8]) -> Result<Settings, ConfigError> {
 /// assert_eq!(e.field, "ipv6_prefix");
 /// ```
 pub fn parse(text: &str) -> Result<Settings, ConfigError> {
+    parse_in(text, None)
+}
+
+/// Checks config text whose relative paths (`rules`) are read from `dir` (the config file's
+/// directory; the working directory if `None`).
+pub fn parse_in(text: &str, dir: Option<&Path>) -> Result<Settings, ConfigError> {
     if is_empty_document(text) {
         return Err(error(
             "file",
@@ -213,7 +248,7 @@ pub fn parse(text: &str) -> Result<Settings, ConfigError> {
             .to_string();
         error(field, message)
     })?;
-    raw.check()
+    raw.check(dir)
 }
 
 /// Whether `text` is a YAML document with nothing in it (as YAML reads it: blanks, comments,

@@ -39,6 +39,12 @@ pub(super) struct RawConfig {
     pub accounts: BTreeMap<String, String>,
     pub costs: Vec<RawCost>,
     pub redis: Option<RawRedis>,
+    /// Descriptor rules (envoy ratelimit's format): a file or a directory.
+    pub rules: Option<String>,
+    pub rls: Option<RawRls>,
+    pub api: Option<RawListener>,
+    /// How one request's descriptors are counted (`all_or_nothing` when left out).
+    pub counting: Option<String>,
 }
 
 impl Default for RawConfig {
@@ -67,6 +73,10 @@ impl Default for RawConfig {
             accounts: BTreeMap::new(),
             costs: Vec::new(),
             redis: None,
+            rules: None,
+            rls: None,
+            api: None,
+            counting: None,
         }
     }
 }
@@ -109,4 +119,21 @@ pub(super) struct RawCost {
     #[serde(default)]
     pub method: Option<String>,
     pub cost: u64,
+}
+
+/// The `rls:` section: Envoy's rate-limit service over gRPC.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRls {
+    pub listen: String,
+    /// The rate-limit fields answers carry (`all` when left out).
+    #[serde(default)]
+    pub headers: Option<String>,
+}
+
+/// A section that only says where to listen.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawListener {
+    pub listen: String,
 }

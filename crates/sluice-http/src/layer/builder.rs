@@ -2,11 +2,10 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::RateLimitLayer;
 use super::gatekeeper::Gatekeeper;
-use crate::headers::valid_policy_name;
+use crate::headers::{next_policy_id, valid_policy_name};
 use crate::key::{KeyPart, KeySource, MAX_KEY_LEN};
 use crate::{ClientIpHeader, LimitBackend, PeerAddr, RouteCosts, TrustedProxies};
 
@@ -65,8 +64,6 @@ pub type PeerAddrReader = fn(&http::Extensions) -> Option<SocketAddr>;
 fn read_peer_addr(extensions: &http::Extensions) -> Option<SocketAddr> {
     extensions.get::<PeerAddr>().map(|peer| peer.0)
 }
-
-static NEXT_POLICY_ID: AtomicU64 = AtomicU64::new(0);
 
 /// Builds a [`RateLimitLayer`].
 ///
@@ -223,7 +220,7 @@ impl RateLimitBuilder {
         }
         Ok(RateLimitLayer {
             gatekeeper: Arc::new(Gatekeeper {
-                policy_id: NEXT_POLICY_ID.fetch_add(1, Ordering::Relaxed),
+                policy_id: next_policy_id(),
                 backend: self.backend,
                 keys: KeySource {
                     parts: self.parts,

@@ -1,0 +1,179 @@
+//! The rate-limit service inside `sluice serve`: one engine on the config's descriptor rules,
+//! asked over RLS v3 gRPC (`rls.listen`) and the HTTP check API (`api.listen`), and a watcher
+//! that reloads the rules when their files change, keeping every counter.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_descriptors::RuleSet;
+use sluice_service::{CheckApi, Engine, EngineSettings, RateLimitService};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::config::{ServiceSettings, Settings};
+
+/// How often the rules' files are read for a change.
+const POLL: Duration = Duration::from_secs(1);
+/// How long a changed read must hold still before it is taken (not caught mid-write).
+const SETTLE: Duration = Duration::from_millis(150);
+
+/// Why the service could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// The engine refused a setting.
+    #[error("rules: {0}")]
+    Engine(#[from] sluice::KeyedBuildError),
+    /// A listener could not be bound.
+    #[error("{field}: cannot listen on {addr}: {source}")]
+    Bind {
+        /// `rls.listen` or `api.listen`.
+        field: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// Starts the service's listeners and rules watcher on this runtime, if the config has rules.
+/// Prints `rls listening on ADDR` and `api listening on http://ADDR/` to stdout for each
+/// listener bound. Everything stops when `stop` turns true.
+pub async fn start(
+    settings: &Settings,
+    stop: watch::Receiver<bool>,
+) -> Result<Option<Arc<Engine>>, ServiceError> {
+    let Some(service) = &settings.service else {
+        return Ok(None);
+    };
+    let engine_settings = EngineSettings {
+        algorithm: settings.limiter.algorithm,
+        counting: service.counting,
+        fields: service.fields,
+        counters: sluice_service::CounterSettings {
+            capacity: settings.limiter.capacity,
+        },
+        ..EngineSettings::default()
+    };
+    let engine = Arc::new(Engine::new(service.rules.0.clone(), engine_settings)?);
+    let mut stdout = std::io::stdout().lock();
+    if let Some(addr) = service.rls {
+        let listener = bind("rls.listen", addr).await?;
+        let bound = listener.local_addr().map_err(|source| ServiceError::Bind {
+            field: "rls.listen",
+            addr,
+            source,
+        })?;
+        let _ = writeln!(stdout, "rls listening on {bound}");
+        let rls = RateLimitService::new(Arc::clone(&engine));
+        let stopped = stopped(stop.clone());
+        tokio::spawn(async move {
+            if let Err(e) = rls.serve(listener, stopped).await {
+                tracing::error!("rls: {e}");
+            }
+        });
+        tracing::info!(%bound, "rate-limit service (Envoy RLS v3, gRPC)");
+    }
+    if let Some(addr) = service.api {
+        let listener = bind("api.listen", addr).await?;
+        let bound = listener.local_addr().map_err(|source| ServiceError::Bind {
+            field: "api.listen",
+            addr,
+            source,
+        })?;
+        let _ = writeln!(stdout, "api listening on http://{bound}/");
+        let api = CheckApi::new(Arc::clone(&engine));
+        let stopped = stopped(stop.clone());
+        tokio::spawn(async move {
+            if let Err(e) = api.serve(listener, stopped).await {
+                tracing::error!("api: {e}");
+            }
+        });
+        tracing::info!(%bound, "check API (POST /v1/check)");
+    }
+    let _ = stdout.flush();
+    drop(stdout);
+    tokio::spawn(watch_rules(service.clone(), Arc::clone(&engine), stop));
+    Ok(Some(engine))
+}
+
+async fn bind(field: &'static str, addr: SocketAddr) -> Result<TcpListener, ServiceError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServiceError::Bind { field, addr, source })
+}
+
+/// Completes when `stop` turns true (or its sender is gone).
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stop| *stop).await;
+}
+
+/// The bytes of every rule file under `path`, by name: what a change is told by.
+fn snapshot(path: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut files = Vec::new();
+    collect(path, &mut files, 0);
+    files.sort();
+    files
+}
+
+fn collect(path: &Path, files: &mut Vec<(PathBuf, Vec<u8>)>, depth: usize) {
+    // As deep as any rules directory needs; a link loop ends here.
+    if depth > 8 {
+        return;
+    }
+    if path.is_dir() {
+        if let Ok(entries) = std::fs::read_dir(path) {
+            for entry in entries.flatten() {
+                collect(&entry.path(), files, depth + 1);
+            }
+        }
+    } else if let Ok(bytes) = std::fs::read(path) {
+        files.push((path.to_path_buf(), bytes));
+    }
+}
+
+/// Reloads the rules when their files change and hold still; a bad set is logged once and the
+/// running rules stay.
+async fn watch_rules(service: ServiceSettings, engine: Arc<Engine>, stop: watch::Receiver<bool>) {
+    let path = service.rules_path;
+    let mut seen = snapshot(&path);
+    let mut refused: Option<Vec<(PathBuf, Vec<u8>)>> = None;
+    let stopped = stopped(stop);
+    tokio::pin!(stopped);
+    loop {
+        tokio::select! {
+            () = &mut stopped => return,
+            () = tokio::time::sleep(POLL) => {}
+        }
+        let now = snapshot(&path);
+        if now == seen || refused.as_ref() == Some(&now) {
+            continue;
+        }
+        tokio::time::sleep(SETTLE).await;
+        if snapshot(&path) != now {
+            continue;
+        }
+        match RuleSet::load(&path) {
+            Ok(rules) => {
+                let count = rules.len();
+                match engine.reload(rules) {
+                    Ok(kept) => tracing::info!(
+                        rules = count,
+                        kept = kept.moved,
+                        dropped = kept.dropped,
+                        "rules reloaded; counters kept"
+                    ),
+                    Err(e) => tracing::error!("rules not reloaded: {e}"),
+                }
+                seen = now;
+                refused = None;
+            }
+            Err(e) => {
+                tracing::error!("rules not reloaded, the running rules stay: {e}");
+                refused = Some(now);
+            }
+        }
+    }
+}

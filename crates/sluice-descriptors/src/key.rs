@@ -1,0 +1,120 @@
+//! Names made of text the user controls, escaped so that no two different inputs share one:
+//! a rule's place ([`RuleId`]) and a counter's key ([`counter_key`]).
+
+use crate::{Entry, Rule};
+
+/// Between a key and its value.
+const PAIR: char = '\u{1e}';
+/// Between levels (or entries).
+const LEVEL: char = '\u{1f}';
+/// Between a rule's place and a request's entries in a counter key.
+const COUNTER: char = '\u{1c}';
+/// Escapes the next character.
+const ESCAPE: char = '\\';
+
+/// Appends `text`, escaping the separators and the escape itself.
+pub(crate) fn push_escaped(out: &mut String, text: &str) {
+    for c in text.chars() {
+        if matches!(c, PAIR | LEVEL | COUNTER | ESCAPE) {
+            out.push(ESCAPE);
+        }
+        out.push(c);
+    }
+}
+
+/// A rule's place: its domain and the (key, value as written) path from the top, escaped.
+/// Stable across reloads while the rule keeps its place, whatever its limit.
+///
+/// # Example
+/// ```
+/// use sluice_descriptors::RuleSet;
+/// let rules = RuleSet::from_yaml("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n")?;
+/// let id = &rules.rules().next().unwrap().id;
+/// assert_eq!(sluice_descriptors::RuleId::from_string(id.as_str().to_owned()), *id);
+/// # Ok::<(), sluice_descriptors::RulesError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RuleId(String);
+
+impl RuleId {
+    /// Its text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The id whose text is `text` (as [`RuleId::as_str`] gave it).
+    pub fn from_string(text: String) -> Self {
+        Self(text)
+    }
+
+    /// The id of the domain's top level.
+    pub(crate) fn domain(name: &str) -> Self {
+        let mut text = String::with_capacity(name.len());
+        push_escaped(&mut text, name);
+        Self(text)
+    }
+
+    /// The id of a child of this place.
+    pub(crate) fn child(&self, key: &str, value: Option<&str>) -> Self {
+        let mut text = String::with_capacity(self.0.len() + key.len() + value.map_or(0, |v| v.len() + 1) + 1);
+        text.push_str(&self.0);
+        text.push(LEVEL);
+        push_escaped(&mut text, key);
+        if let Some(value) = value {
+            text.push(PAIR);
+            push_escaped(&mut text, value);
+        }
+        Self(text)
+    }
+}
+
+/// The counter of a request descriptor under `rule`: the rule's place and the request's own
+/// entries, so each distinct value of a key-only or wildcard rule has its own counter, and no
+/// two (rule, entries) pairs share one.
+///
+/// # Example
+/// ```
+/// use sluice_descriptors::{Entry, RuleSet, counter_key, rule_of};
+/// let rules = RuleSet::from_yaml("domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 1}\n")?;
+/// let alice = [Entry { key: "user", value: "alice" }];
+/// let bob = [Entry { key: "user", value: "bob" }];
+/// let rule = rules.find("d", &alice).unwrap();
+/// assert_ne!(counter_key(rule, &alice), counter_key(rule, &bob));
+/// assert_eq!(rule_of(&counter_key(rule, &alice)).as_ref(), Some(&rule.id));
+/// # Ok::<(), sluice_descriptors::RulesError>(())
+/// ```
+pub fn counter_key(rule: &Rule, entries: &[Entry<'_>]) -> String {
+    let size: usize = entries.iter().map(|e| e.key.len() + e.value.len() + 2).sum();
+    let mut key = String::with_capacity(rule.id.0.len() + 1 + size);
+    key.push_str(&rule.id.0);
+    key.push(COUNTER);
+    for (i, entry) in entries.iter().enumerate() {
+        if i > 0 {
+            key.push(LEVEL);
+        }
+        push_escaped(&mut key, entry.key);
+        key.push(PAIR);
+        push_escaped(&mut key, entry.value);
+    }
+    key
+}
+
+/// The rule a counter key was made for.
+///
+/// # Example
+/// ```
+/// assert_eq!(sluice_descriptors::rule_of("no separator"), None);
+/// ```
+pub fn rule_of(counter_key: &str) -> Option<RuleId> {
+    let mut escaped = false;
+    for (at, c) in counter_key.char_indices() {
+        if escaped {
+            escaped = false;
+        } else if c == ESCAPE {
+            escaped = true;
+        } else if c == COUNTER {
+            return Some(RuleId(counter_key[..at].to_owned()));
+        }
+    }
+    None
+}

@@ -1,0 +1,40 @@
+//! Descriptor rules in envoy ratelimit's config format, loadable unchanged: `domain`,
+//! `descriptors` with `key`, optional `value` (exact, or `prefix*`), `rate_limit`
+//! (`unit`, `requests_per_unit`, `unlimited`, `name`, `replaces`), `shadow_mode`,
+//! `detailed_metric`, nested `descriptors`. sluice adds two fields inside `rate_limit`:
+//! `quota` (an exact quota text, `1.1/s burst 5`, in place of `requests_per_unit`/`unit`) and
+//! `algorithm`. Units: a week is 7 days, a month 30, a year 365.
+//!
+//! Matching a request descriptor (its entries in order) walks the tree a level per entry. At
+//! each level the entry `(key, value)` picks a child with that key and exactly that value; if
+//! none, the child with the longest `prefix*` value the value starts with; if none, the child
+//! with the key and no value. No child: no rule. The rule is the limit of the node the last
+//! entry reaches (none if it has no `rate_limit`); an earlier entry's node only leads to its
+//! nested descriptors. A key-only or wildcard rule counts each distinct value on its own
+//! counter ([`counter_key`]).
+//!
+//! Errors name the field as a path in the file (`descriptors[2].rate_limit.unit`).
+//!
+//! # Example
+//! ```
+//! use sluice_descriptors::{Entry, RuleSet};
+//! let rules = RuleSet::from_yaml(
+//!     "domain: api\ndescriptors:\n  - key: user\n    descriptors:\n      - key: path\n        value: /export\n        rate_limit: {unit: hour, requests_per_unit: 10}\n",
+//! )?;
+//! let export = [Entry { key: "user", value: "alice" }, Entry { key: "path", value: "/export" }];
+//! assert!(rules.find("api", &export).is_some());
+//! assert!(rules.find("api", &export[..1]).is_none()); // `user` alone has no limit
+//! # Ok::<(), sluice_descriptors::RulesError>(())
+//! ```
+
+mod error;
+mod key;
+mod load;
+mod raw;
+mod rules;
+
+pub use error::{LoadError, RulesError};
+pub use key::{RuleId, counter_key, rule_of};
+pub use rules::{
+    DomainRules, Entry, Limit, MAX_DEPTH, MAX_DESCRIPTORS, MAX_TEXT_BYTES, Rule, RuleSet, parse_domain,
+};

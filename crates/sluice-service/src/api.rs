@@ -1,0 +1,294 @@
+//! The HTTP check API: `POST /v1/check` with a JSON body, answered by the engine with the same
+//! statuses as the gRPC service; `?peek=true` (or `"peek": true`) counts nothing.
+//!
+//! Errors are `application/problem+json` (RFC 9457) naming what was wrong.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
+
+use crate::engine::{CheckRequest, Code, DescriptorRequest, DescriptorStatus, Engine, Verdict};
+
+/// The largest request body read.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// The HTTP check API over an [`Engine`].
+///
+/// # Example
+/// ```no_run
+/// use std::sync::Arc;
+/// use sluice_descriptors::RuleSet;
+/// use sluice_service::{CheckApi, Engine, EngineSettings};
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let rules = RuleSet::load("ratelimit/".as_ref())?;
+/// let engine = Arc::new(Engine::new(rules, EngineSettings::default())?);
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:8082").await?;
+/// CheckApi::new(engine).serve(listener, std::future::pending()).await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct CheckApi {
+    engine: Arc<Engine>,
+}
+
+impl CheckApi {
+    /// The API over `engine`.
+    pub fn new(engine: Arc<Engine>) -> Self {
+        Self { engine }
+    }
+
+    /// Its routes, to serve or to nest in another router.
+    pub fn router(self) -> Router {
+        Router::new()
+            .route("/v1/check", post(check))
+            .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+            .with_state(self.engine)
+    }
+
+    /// Serves the API on `listener` until `shutdown` completes.
+    ///
+    /// # Errors
+    /// The listener failed.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        axum::serve(listener, self.router())
+            .with_graceful_shutdown(shutdown)
+            .await
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckBody {
+    domain: String,
+    descriptors: Vec<DescriptorBody>,
+    #[serde(default)]
+    hits: Option<u64>,
+    #[serde(default)]
+    peek: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DescriptorBody {
+    entries: Vec<EntryBody>,
+    #[serde(default)]
+    hits: Option<u64>,
+    /// A quota for this descriptor in place of its rule's (`"10/s burst 5"`).
+    #[serde(default)]
+    limit: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EntryBody {
+    key: String,
+    value: String,
+}
+
+#[derive(Serialize)]
+struct VerdictBody {
+    overall_code: &'static str,
+    statuses: Vec<StatusBody>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    headers: Vec<HeaderBody>,
+}
+
+#[derive(Serialize)]
+struct HeaderBody {
+    name: String,
+    value: String,
+}
+
+#[derive(Serialize)]
+struct StatusBody {
+    code: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    current_limit: Option<LimitBody>,
+    limit_remaining: u64,
+    duration_until_reset_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_after_ms: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct LimitBody {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<String>,
+    quota: String,
+    shadow_mode: bool,
+}
+
+#[derive(Serialize)]
+struct Problem {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    title: &'static str,
+    status: u16,
+    detail: String,
+}
+
+fn problem(status: StatusCode, title: &'static str, detail: String) -> Response {
+    let body = Problem {
+        kind: "about:blank",
+        title,
+        status: status.as_u16(),
+        detail,
+    };
+    let text = serde_json::to_string(&body).unwrap_or_default();
+    (status, [(header::CONTENT_TYPE, "application/problem+json")], text).into_response()
+}
+
+async fn check(
+    State(engine): State<Arc<Engine>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) => {
+            let status = rejection.status();
+            let detail = if status == StatusCode::PAYLOAD_TOO_LARGE {
+                format!("the body is larger than {MAX_BODY_BYTES} bytes")
+            } else {
+                rejection.body_text()
+            };
+            return problem(status, "Unreadable body", detail);
+        }
+    };
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| {
+            value
+                .split(';')
+                .next()
+                .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"))
+        });
+    if !json {
+        return problem(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "Unsupported media type",
+            "the body must be JSON, with content-type: application/json".into(),
+        );
+    }
+    let parsed: CheckBody = {
+        let mut reader = serde_json::Deserializer::from_slice(&body);
+        match serde_path_to_error::deserialize(&mut reader) {
+            Ok(parsed) => parsed,
+            Err(e) => {
+                let path = e.path().to_string();
+                let detail = if path == "." {
+                    e.inner().to_string()
+                } else {
+                    format!("{path}: {}", e.inner())
+                };
+                return problem(StatusCode::BAD_REQUEST, "Malformed check request", detail);
+            }
+        }
+    };
+    let peek = parsed.peek || asks_peek(&uri);
+    let request = match to_request(parsed) {
+        Ok(request) => request,
+        Err(detail) => return problem(StatusCode::BAD_REQUEST, "Malformed check request", detail),
+    };
+    match engine.check(&request, peek) {
+        Ok(verdict) => axum::Json(to_body(verdict)).into_response(),
+        Err(e) => problem(
+            StatusCode::BAD_REQUEST,
+            "Check request out of bounds",
+            e.to_string(),
+        ),
+    }
+}
+
+/// Whether the query string says `peek=true` (or `peek=1`, or a bare `peek`).
+fn asks_peek(uri: &Uri) -> bool {
+    uri.query().is_some_and(|query| {
+        query
+            .split('&')
+            .any(|pair| matches!(pair, "peek" | "peek=true" | "peek=1"))
+    })
+}
+
+fn to_request(body: CheckBody) -> Result<CheckRequest, String> {
+    let descriptors = body
+        .descriptors
+        .into_iter()
+        .enumerate()
+        .map(|(index, descriptor)| {
+            let limit = descriptor
+                .limit
+                .map(|text| {
+                    text.parse::<sluice::Quota>()
+                        .map_err(|e| format!("descriptors[{index}].limit: {e}"))
+                })
+                .transpose()?;
+            Ok(DescriptorRequest {
+                entries: descriptor
+                    .entries
+                    .into_iter()
+                    .map(|entry| (entry.key, entry.value))
+                    .collect(),
+                hits: descriptor.hits,
+                limit,
+            })
+        })
+        .collect::<Result<_, String>>()?;
+    Ok(CheckRequest {
+        domain: body.domain,
+        descriptors,
+        hits: body.hits,
+    })
+}
+
+fn code_text(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::OverLimit => "OVER_LIMIT",
+    }
+}
+
+fn millis(duration: std::time::Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn status_body(status: &DescriptorStatus) -> StatusBody {
+    StatusBody {
+        code: code_text(status.code),
+        current_limit: status.limit.as_ref().map(|limit| LimitBody {
+            name: limit.name.clone(),
+            quota: limit.quota.to_string(),
+            shadow_mode: limit.shadow,
+        }),
+        limit_remaining: status.remaining,
+        duration_until_reset_ms: millis(status.reset_after),
+        retry_after_ms: (status.code == Code::OverLimit).then(|| millis(status.retry_after)),
+    }
+}
+
+fn to_body(verdict: Verdict) -> VerdictBody {
+    VerdictBody {
+        overall_code: code_text(verdict.overall),
+        statuses: verdict.statuses.iter().map(status_body).collect(),
+        headers: verdict
+            .fields
+            .into_iter()
+            .map(|(name, value)| HeaderBody { name, value })
+            .collect(),
+    }
+}

@@ -1,0 +1,21 @@
+//! sluice's rate-limit service: one decision engine on descriptor rules (envoy ratelimit's
+//! config format, `sluice_descriptors`), asked over Envoy's RLS v3 gRPC API
+//! ([`RateLimitService`]) or an HTTP check API ([`CheckApi`]).
+//!
+//! The engine ([`Engine`]) matches each descriptor of a request to its rule, counts it on a
+//! bounded keyed limiter of the rule's algorithm, and answers per descriptor and overall; by
+//! default a denied request consumes nothing ([`Counting`]). A reload keeps every counter.
+
+mod api;
+mod counters;
+mod engine;
+pub mod proto;
+mod rls;
+
+pub use api::{CheckApi, MAX_BODY_BYTES};
+pub use counters::CounterSettings;
+pub use engine::{
+    AppliedLimit, CheckRequest, Code, Counting, DescriptorRequest, DescriptorStatus, Engine, EngineSettings,
+    FieldSet, Reloaded, RequestBounds, RequestError, Verdict,
+};
+pub use rls::{MAX_MESSAGE_BYTES, RateLimitService, SHOULD_RATE_LIMIT};

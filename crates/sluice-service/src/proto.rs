@@ -1,0 +1,202 @@
+//! The messages of Envoy's rate-limit service, v3 (`envoy.service.ratelimit.v3`), written out
+//! by hand with the field numbers and wire types of Envoy's `rls.proto` and
+//! `ratelimit.proto`: only what the service reads and writes, so no protobuf compiler and no
+//! copy of Envoy's whole API is needed to build. `tests/rls_wire.rs` checks them against the
+//! official definitions (the `envoy-types` crate) over a socket.
+//!
+//! Enumerations are carried as their `int32` numbers, which is how they travel on the wire.
+
+/// `RateLimitRequest`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RateLimitRequest {
+    /// The domain the descriptors are looked up in.
+    #[prost(string, tag = "1")]
+    pub domain: String,
+    /// The descriptors to limit on, all of them.
+    #[prost(message, repeated, tag = "2")]
+    pub descriptors: Vec<RateLimitDescriptor>,
+    /// Hits the request adds to each matched limit; 0 means 1.
+    #[prost(uint32, tag = "3")]
+    pub hits_addend: u32,
+}
+
+/// `envoy.extensions.common.ratelimit.v3.RateLimitDescriptor`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RateLimitDescriptor {
+    /// The key/value path.
+    #[prost(message, repeated, tag = "1")]
+    pub entries: Vec<Entry>,
+    /// A limit the caller sets for this descriptor, in place of the configured one.
+    #[prost(message, optional, tag = "2")]
+    pub limit: Option<RateLimitOverride>,
+    /// Hits for this descriptor, in place of the request's (`google.protobuf.UInt64Value`).
+    #[prost(message, optional, tag = "3")]
+    pub hits_addend: Option<UInt64Value>,
+    /// The hits are to be subtracted (not supported: refused).
+    #[prost(bool, tag = "4")]
+    pub is_negative_hits: bool,
+}
+
+/// `RateLimitDescriptor.Entry`.
+#[derive(Clone, PartialEq, Eq, prost::Message)]
+pub struct Entry {
+    /// The descriptor key.
+    #[prost(string, tag = "1")]
+    pub key: String,
+    /// The descriptor value.
+    #[prost(string, tag = "2")]
+    pub value: String,
+}
+
+/// `RateLimitDescriptor.RateLimitOverride`.
+#[derive(Clone, Copy, PartialEq, Eq, prost::Message)]
+pub struct RateLimitOverride {
+    /// Requests per unit.
+    #[prost(uint32, tag = "1")]
+    pub requests_per_unit: u32,
+    /// The unit, a [`Unit`] number.
+    #[prost(int32, tag = "2")]
+    pub unit: i32,
+}
+
+/// `google.protobuf.UInt64Value`.
+#[derive(Clone, Copy, PartialEq, Eq, prost::Message)]
+pub struct UInt64Value {
+    /// The value.
+    #[prost(uint64, tag = "1")]
+    pub value: u64,
+}
+
+/// `RateLimitResponse`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RateLimitResponse {
+    /// The answer to the whole request, a [`Code`] number.
+    #[prost(int32, tag = "1")]
+    pub overall_code: i32,
+    /// One status per request descriptor, in order.
+    #[prost(message, repeated, tag = "2")]
+    pub statuses: Vec<DescriptorStatus>,
+    /// Headers for the downstream response.
+    #[prost(message, repeated, tag = "3")]
+    pub response_headers_to_add: Vec<HeaderValue>,
+    /// Headers for the upstream request.
+    #[prost(message, repeated, tag = "4")]
+    pub request_headers_to_add: Vec<HeaderValue>,
+}
+
+/// `RateLimitResponse.DescriptorStatus`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct DescriptorStatus {
+    /// A [`Code`] number.
+    #[prost(int32, tag = "1")]
+    pub code: i32,
+    /// The limit that applied, if any.
+    #[prost(message, optional, tag = "2")]
+    pub current_limit: Option<RateLimit>,
+    /// What is left of it.
+    #[prost(uint32, tag = "3")]
+    pub limit_remaining: u32,
+    /// When it is whole again (`google.protobuf.Duration`).
+    #[prost(message, optional, tag = "4")]
+    pub duration_until_reset: Option<Duration>,
+}
+
+/// `RateLimitResponse.RateLimit`.
+#[derive(Clone, PartialEq, Eq, prost::Message)]
+pub struct RateLimit {
+    /// The limit's name.
+    #[prost(string, tag = "3")]
+    pub name: String,
+    /// Requests per unit.
+    #[prost(uint32, tag = "1")]
+    pub requests_per_unit: u32,
+    /// A [`Unit`] number.
+    #[prost(int32, tag = "2")]
+    pub unit: i32,
+}
+
+/// `envoy.config.core.v3.HeaderValue`.
+#[derive(Clone, PartialEq, Eq, prost::Message)]
+pub struct HeaderValue {
+    /// The header name.
+    #[prost(string, tag = "1")]
+    pub key: String,
+    /// The header value.
+    #[prost(string, tag = "2")]
+    pub value: String,
+}
+
+/// `google.protobuf.Duration`.
+#[derive(Clone, Copy, PartialEq, Eq, prost::Message)]
+pub struct Duration {
+    /// Whole seconds.
+    #[prost(int64, tag = "1")]
+    pub seconds: i64,
+    /// Nanoseconds past them.
+    #[prost(int32, tag = "2")]
+    pub nanos: i32,
+}
+
+/// `RateLimitResponse.Code`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    /// Not decided.
+    Unknown = 0,
+    /// Within the limits.
+    Ok = 1,
+    /// Over a limit.
+    OverLimit = 2,
+}
+
+/// `RateLimitResponse.RateLimit.Unit` (and the override's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    /// Not given.
+    Unknown = 0,
+    /// A second.
+    Second = 1,
+    /// A minute.
+    Minute = 2,
+    /// An hour.
+    Hour = 3,
+    /// A day.
+    Day = 4,
+    /// 30 days.
+    Month = 5,
+    /// 365 days.
+    Year = 6,
+    /// 7 days.
+    Week = 7,
+}
+
+impl Unit {
+    /// Every unit with a length, shortest first.
+    pub const ALL: [Unit; 7] = [
+        Unit::Second,
+        Unit::Minute,
+        Unit::Hour,
+        Unit::Day,
+        Unit::Week,
+        Unit::Month,
+        Unit::Year,
+    ];
+
+    /// The unit numbered `n` on the wire.
+    pub fn from_number(n: i32) -> Option<Self> {
+        Self::ALL.into_iter().find(|unit| *unit as i32 == n)
+    }
+
+    /// Its length in seconds (a month is 30 days, a year 365, as the rules read them).
+    pub const fn seconds(self) -> u64 {
+        match self {
+            Unit::Unknown => 0,
+            Unit::Second => 1,
+            Unit::Minute => 60,
+            Unit::Hour => 3_600,
+            Unit::Day => 86_400,
+            Unit::Week => 7 * 86_400,
+            Unit::Month => 30 * 86_400,
+            Unit::Year => 365 * 86_400,
+        }
+    }
+}
