@@ -161,6 +161,11 @@ pub fn parse_domain(text: &str) -> Result<DomainRules, RulesError> {
             Some((head, _)) => head.to_string(),
             None => message,
         };
+        // The YAML reader names the parent again: the field says it already.
+        let message = match message.split_once(": ") {
+            Some((parent, rest)) if !parent.contains(' ') && field.starts_with(parent) => rest.to_string(),
+            _ => message,
+        };
         RulesError::new(field, message)
     })?;
     compile(raw)

@@ -1,0 +1,306 @@
+//! Descriptor rules: envoy's documented matching against a simple model, field-path errors,
+//! counter keys that never collide, and loading from a directory.
+
+use proptest::prelude::*;
+use sluice_descriptors::{Entry, Limit, LoadError, RuleSet, counter_key, rule_of};
+
+fn quota(text: &str) -> Limit {
+    Limit::Quota(text.parse().unwrap())
+}
+
+#[test]
+fn envoys_documented_example_loads_unchanged_and_matches_as_documented() {
+    let rules = RuleSet::from_yaml(
+        r#"
+domain: mongo_cps
+descriptors:
+  - key: database
+    value: users
+    rate_limit:
+      unit: SECOND
+      requests_per_unit: 500
+  - key: database
+    value: default
+    rate_limit:
+      unit: second
+      requests_per_unit: 500
+  - key: remote_address
+    rate_limit: {unit: second, requests_per_unit: 10}
+    shadow_mode: true
+  - key: path
+    value: "/api/*"
+    rate_limit: {unit: minute, requests_per_unit: 100, name: api_paths}
+  - key: generic_key
+    value: bypass
+    rate_limit: {unlimited: true}
+  - key: client
+    descriptors:
+      - key: user
+        value: vip
+        rate_limit: {unit: hour, requests_per_unit: 1000, name: vip, replaces: [{name: api_paths}]}
+        detailed_metric: true
+"#,
+    )
+    .unwrap();
+    let find = |entries: &[(&str, &str)]| {
+        let entries: Vec<Entry<'_>> = entries.iter().map(|(key, value)| Entry { key, value }).collect();
+        rules.find("mongo_cps", &entries).cloned()
+    };
+    assert_eq!(find(&[("database", "users")]).unwrap().limit, quota("500/s"));
+    assert!(
+        find(&[("database", "orders")]).is_none(),
+        "no key-only default for database"
+    );
+    let shadow = find(&[("remote_address", "10.0.0.1")]).unwrap();
+    assert!(shadow.shadow_mode);
+    assert_eq!(
+        find(&[("path", "/api/x")]).unwrap().name.as_deref(),
+        Some("api_paths")
+    );
+    assert!(find(&[("path", "/apix")]).is_none());
+    assert_eq!(
+        find(&[("generic_key", "bypass")]).unwrap().limit,
+        Limit::Unlimited
+    );
+    let vip = find(&[("client", "any"), ("user", "vip")]).unwrap();
+    assert_eq!(
+        (vip.replaces.clone(), vip.detailed_metric),
+        (vec!["api_paths".to_string()], true)
+    );
+    assert!(find(&[("client", "any")]).is_none());
+    assert!(find(&[("client", "any"), ("user", "plain")]).is_none());
+    assert_eq!(rules.len(), 6);
+}
+
+#[test]
+fn errors_name_the_field() {
+    let cases = [
+        ("descriptors: []\n", "line 1 column 1"),
+        ("domain: ''\n", "domain"),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+            "descriptors[0].rate_limit.unit",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n  - key: j\n    descriptors:\n      - key: x\n        rate_limit: {quota: fast}\n",
+            "descriptors[1].descriptors[0].rate_limit.quota",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second}\n",
+            "descriptors[0].rate_limit.requests_per_unit",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {}\n",
+            "descriptors[0].rate_limit",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, unit: second, requests_per_unit: 1}\n",
+            "descriptors[0].rate_limit.unlimited",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {quota: 1/s, unit: second}\n",
+            "descriptors[0].rate_limit.quota",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {quota: 1/s, algorithm: fastest}\n",
+            "descriptors[0].rate_limit.algorithm",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n  - key: k\n",
+            "descriptors[1]",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {quota: 1/s, replaces: [{name: nobody}]}\n",
+            "descriptors[0].rate_limit.replaces[0].name",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {quota: 1/s, name: n}\n  - key: b\n    rate_limit: {quota: 1/s, name: n}\n",
+            "descriptors[1].rate_limit.name",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    valu: x\n",
+            "descriptors[0].valu",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n",
+            "descriptors[0].rate_limit.requests_per_unit",
+        ),
+    ];
+    for (text, field) in cases {
+        let e = RuleSet::from_yaml(text).unwrap_err();
+        assert_eq!(e.field, field, "{text:?}: {e}");
+        assert!(!e.to_string().contains('\n'), "one line: {e}");
+        assert!(!e.message.starts_with("descriptors"), "the path once: {e}");
+    }
+    let deep = (0..40).fold(String::from("domain: d\ndescriptors:\n"), |mut text, level| {
+        let pad = "  ".repeat(2 * level);
+        text.push_str(&format!("{pad}  - key: k{level}\n{pad}    descriptors:\n"));
+        text
+    });
+    let e = RuleSet::from_yaml(&deep).unwrap_err();
+    assert!(e.message.contains("deeper than 32"), "{e}");
+}
+
+#[test]
+fn a_directory_gives_one_domain_per_file_and_refuses_a_domain_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let rule = |domain: &str| {
+        format!("domain: {domain}\ndescriptors:\n  - key: k\n    rate_limit: {{quota: 1/s}}\n")
+    };
+    std::fs::write(dir.path().join("a.yaml"), rule("a")).unwrap();
+    std::fs::create_dir(dir.path().join("more")).unwrap();
+    std::fs::write(dir.path().join("more/b.yml"), rule("b")).unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "not rules").unwrap();
+    let rules = RuleSet::load(dir.path()).unwrap();
+    assert!(rules.domain("a").is_some() && rules.domain("b").is_some());
+    assert_eq!(rules.len(), 2);
+
+    std::fs::write(dir.path().join("c.yaml"), rule("a")).unwrap();
+    let e = RuleSet::load(dir.path()).unwrap_err();
+    assert!(
+        matches!(&e, LoadError::DuplicateDomain { domain, .. } if domain == "a"),
+        "{e}"
+    );
+    std::fs::write(
+        dir.path().join("c.yaml"),
+        "domain: c\ndescriptors:\n  - key: k\n    rate_limit: {unit: sec, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    let e = RuleSet::load(dir.path()).unwrap_err().to_string();
+    assert!(e.contains("c.yaml: descriptors[0].rate_limit.unit"), "{e}");
+}
+
+/// A rule of the model: its path of (key, value as written), and its number.
+#[derive(Debug, Clone)]
+struct ModelRule {
+    path: Vec<(String, Option<String>)>,
+    limited: bool,
+}
+
+/// Envoy's walk, by linear search over every rule's path.
+fn model_find(rules: &[ModelRule], entries: &[(String, String)]) -> Option<usize> {
+    let mut prefix: Vec<(String, Option<String>)> = Vec::new();
+    for (depth, (key, value)) in entries.iter().enumerate() {
+        let at_level = |candidate: &(String, Option<String>)| {
+            rules.iter().any(|rule| {
+                rule.path.len() > depth && rule.path[..depth] == prefix[..] && rule.path[depth] == *candidate
+            })
+        };
+        let exact = (key.clone(), Some(value.clone()));
+        let wildcard = rules
+            .iter()
+            .filter(|rule| rule.path.len() > depth && rule.path[..depth] == prefix[..])
+            .filter_map(|rule| {
+                let (k, v) = &rule.path[depth];
+                let p = v.as_ref()?.strip_suffix('*')?;
+                (k == key && value.starts_with(p)).then(|| rule.path[depth].clone())
+            })
+            .max_by_key(|(_, v)| v.as_ref().map_or(0, String::len));
+        let step = if at_level(&exact) {
+            exact
+        } else if let Some(w) = wildcard {
+            w
+        } else if at_level(&(key.clone(), None)) {
+            (key.clone(), None)
+        } else {
+            return None;
+        };
+        prefix.push(step);
+    }
+    rules.iter().position(|rule| rule.limited && rule.path == prefix)
+}
+
+fn yaml(rules: &[ModelRule]) -> String {
+    // Build the tree from the paths, then print it.
+    #[derive(Default)]
+    struct Tree(Vec<((String, Option<String>), bool, Tree)>);
+    let mut tree = Tree::default();
+    for rule in rules {
+        let mut level = &mut tree;
+        for (i, step) in rule.path.iter().enumerate() {
+            let at = match level.0.iter().position(|(s, _, _)| s == step) {
+                Some(at) => at,
+                None => {
+                    level.0.push((step.clone(), false, Tree::default()));
+                    level.0.len() - 1
+                }
+            };
+            if i + 1 == rule.path.len() && rule.limited {
+                level.0[at].1 = true;
+            }
+            level = &mut level.0[at].2;
+        }
+    }
+    fn print(tree: &Tree, indent: usize, out: &mut String) {
+        let pad = " ".repeat(indent);
+        for ((key, value), limited, children) in &tree.0 {
+            out.push_str(&format!("{pad}- key: \"{key}\"\n"));
+            if let Some(value) = value {
+                out.push_str(&format!("{pad}  value: \"{value}\"\n"));
+            }
+            if *limited {
+                out.push_str(&format!("{pad}  rate_limit: {{quota: 1/s}}\n"));
+            }
+            if !children.0.is_empty() {
+                out.push_str(&format!("{pad}  descriptors:\n"));
+                print(children, indent + 4, out);
+            }
+        }
+    }
+    let mut out = String::from("domain: d\ndescriptors:\n");
+    print(&tree, 2, &mut out);
+    out
+}
+
+fn step() -> impl Strategy<Value = (String, Option<String>)> {
+    (
+        prop::sample::select(vec!["a", "b"]),
+        prop::option::of(prop::sample::select(vec!["x", "y", "xy", "x*", "xy*", "*"])),
+    )
+        .prop_map(|(k, v)| (k.to_string(), v.map(str::to_string)))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn find_agrees_with_the_model(
+        paths in prop::collection::vec((prop::collection::vec(step(), 1..4), any::<bool>()), 1..12),
+        requests in prop::collection::vec(
+            prop::collection::vec((prop::sample::select(vec!["a", "b"]), prop::sample::select(vec!["x", "y", "xy", "xyz", "z", ""])), 1..4),
+            1..20,
+        ),
+    ) {
+        let mut rules: Vec<ModelRule> = Vec::new();
+        for (path, limited) in paths {
+            match rules.iter_mut().find(|r| r.path == path) {
+                Some(rule) => rule.limited |= limited,
+                None => rules.push(ModelRule { path, limited }),
+            }
+        }
+        let set = RuleSet::from_yaml(&yaml(&rules)).unwrap();
+        for request in requests {
+            let owned: Vec<(String, String)> = request.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            let entries: Vec<Entry<'_>> = owned.iter().map(|(key, value)| Entry { key, value }).collect();
+            let found = set.find("d", &entries).is_some();
+            let expected = model_find(&rules, &owned).is_some();
+            prop_assert_eq!(found, expected, "{:?} in\n{}", owned, yaml(&rules));
+        }
+    }
+
+    #[test]
+    fn counter_keys_never_collide_and_name_their_rule(
+        a in prop::collection::vec(("[a-c\\\\\u{1c}\u{1e}\u{1f}]{0,3}", "[a-c\\\\\u{1c}\u{1e}\u{1f}]{0,3}"), 1..3),
+        b in prop::collection::vec(("[a-c\\\\\u{1c}\u{1e}\u{1f}]{0,3}", "[a-c\\\\\u{1c}\u{1e}\u{1f}]{0,3}"), 1..3),
+    ) {
+        let rules = RuleSet::from_yaml("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {quota: 1/s}\n").unwrap();
+        let rule = rules.rules().next().unwrap();
+        fn entries(pairs: &[(String, String)]) -> Vec<Entry<'_>> {
+            pairs.iter().map(|(key, value)| Entry { key, value }).collect()
+        }
+        let (ka, kb) = (counter_key(rule, &entries(&a)), counter_key(rule, &entries(&b)));
+        prop_assert_eq!(ka == kb, a == b);
+        let named = rule_of(&ka);
+        prop_assert_eq!(named.as_ref(), Some(&rule.id));
+    }
+}
