@@ -479,7 +479,7 @@ impl Engine {
     fn validate(&self, request: &CheckRequest) -> Result<(), RequestError> {
         let bounds = self.settings.bounds;
         let long = |field: String, text: &str| {
-            (text.len() > bounds.text_bytes).then(|| RequestError::TooLong {
+            (text.len() > bounds.text_bytes).then_some(RequestError::TooLong {
                 field,
                 len: text.len(),
                 max: bounds.text_bytes,
