@@ -317,9 +317,29 @@ fn source(settings: &LimiterSettings, accounts: Accounts) -> AccountsSource {
     }
 }
 
-enum RedisBackendError {
+pub(crate) enum RedisBackendError {
     NoUrl,
     Redis(sluice_redis::Error),
+}
+
+/// A connection to the Redis (or cluster) of the `redis:` section.
+pub(crate) async fn connect_redis(redis: &RedisSettings) -> Result<RedisStore, RedisBackendError> {
+    if redis.url.is_none() && redis.cluster.is_empty() {
+        return Err(RedisBackendError::NoUrl);
+    }
+    let options = RedisOptions {
+        timeout: redis.timeout,
+        degrade_after: redis.degrade_after,
+        ..RedisOptions::default()
+    };
+    match &redis.url {
+        Some(url) => RedisStore::connect(url, options).await,
+        None => {
+            let nodes: Vec<&str> = redis.cluster.iter().map(String::as_str).collect();
+            RedisStore::connect_cluster(&nodes, options).await
+        }
+    }
+    .map_err(RedisBackendError::Redis)
 }
 
 type Building<'a> =
@@ -364,21 +384,7 @@ async fn redis_backend<A: RedisAlgorithm>(
     redis: &RedisSettings,
     accounts: Accounts,
 ) -> Result<Arc<dyn LimitBackend>, RedisBackendError> {
-    if redis.url.is_none() && redis.cluster.is_empty() {
-        return Err(RedisBackendError::NoUrl);
-    }
-    let options = RedisOptions {
-        timeout: redis.timeout,
-        degrade_after: redis.degrade_after,
-        ..RedisOptions::default()
-    };
-    let store = match &redis.url {
-        Some(url) => RedisStore::connect(url, options).await,
-        None => {
-            let nodes: Vec<&str> = redis.cluster.iter().map(String::as_str).collect();
-            RedisStore::connect_cluster(&nodes, options).await
-        }
-    };
+    let store = connect_redis(redis).await;
     let limiter = RedisLimiter::builder(algorithm, settings.failsafe)
         .source(source(settings, accounts))
         .unknown_key_quota(settings.unknown)
@@ -391,7 +397,7 @@ async fn redis_backend<A: RedisAlgorithm>(
         Some(pool) => limiter.failsafe_pool(pool),
         None => limiter,
     }
-    .build(store.map_err(RedisBackendError::Redis)?)
+    .build(store?)
     .map_err(RedisBackendError::Redis)?;
     let at = redis
         .url

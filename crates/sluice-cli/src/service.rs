@@ -9,10 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_descriptors::RuleSet;
-use sluice_service::{CheckApi, Engine, EngineSettings, RateLimitService};
+use sluice_service::{CheckApi, Engine, EngineSettings, RateLimitService, RedisCounters};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::app::RedisBackendError;
 use crate::config::{ServiceSettings, Settings};
 
 /// How often the rules' files are read for a change.
@@ -23,9 +24,15 @@ const SETTLE: Duration = Duration::from_millis(150);
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
-    /// The engine refused a setting.
+    /// The engine refused a setting or a rule.
     #[error("rules: {0}")]
-    Engine(#[from] sluice::KeyedBuildError),
+    Engine(#[from] sluice_service::BuildError),
+    /// The `redis:` section names no server.
+    #[error("redis.url: not set (give it or redis.cluster in the config, or --redis URL)")]
+    NoRedisUrl,
+    /// Redis could not be used at start-up.
+    #[error("redis: {0}")]
+    Redis(sluice_redis::Error),
     /// A listener could not be bound.
     #[error("{field}: cannot listen on {addr}: {source}")]
     Bind {
@@ -57,7 +64,25 @@ pub async fn start(
         },
         ..EngineSettings::default()
     };
-    let engine = Arc::new(Engine::new(service.rules.0.clone(), engine_settings)?);
+    let rules = service.rules.0.clone();
+    let engine = match &settings.limiter.redis {
+        None => Engine::new(rules, engine_settings)?,
+        Some(redis) => {
+            let store = crate::app::connect_redis(redis).await.map_err(|e| match e {
+                RedisBackendError::NoUrl => ServiceError::NoRedisUrl,
+                RedisBackendError::Redis(e) => ServiceError::Redis(e),
+            })?;
+            let counters = RedisCounters {
+                policy: redis.policy,
+                hosts: redis.hosts,
+                // The demo's limits use the prefix itself: the rules' counters keep apart.
+                prefix: format!("{}:descriptors", redis.prefix),
+                ..RedisCounters::new(store)
+            };
+            Engine::on_redis(rules, engine_settings, counters)?
+        }
+    };
+    let engine = Arc::new(engine);
     let mut stdout = std::io::stdout().lock();
     if let Some(addr) = service.rls {
         let listener = bind("rls.listen", addr).await?;

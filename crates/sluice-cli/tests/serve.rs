@@ -37,10 +37,7 @@ fn admitted(client: &mut Client, account: Option<&str>, n: usize) -> usize {
 #[test]
 fn prints_one_listening_line_with_the_bound_port() {
     let (server, _dir) = start(CONFIG);
-    assert_eq!(
-        server.first_line,
-        format!("listening on http://{}\n", server.addr)
-    );
+    assert_eq!(server.first_line, format!("listening on http://{}", server.addr));
     assert_ne!(server.addr.port(), 0);
     let r = server.client().as_account(Some("admin@example.com"));
     assert_eq!((r.status, r.body.as_str()), (200, "Hello World!"));

@@ -68,6 +68,41 @@ impl RuleId {
     }
 }
 
+/// Reads as the rule's place in its file: `domain: key=value > key`, the separators shown and
+/// escapes removed (for messages and logs; [`RuleId::as_str`] is the exact form).
+///
+/// # Example
+/// ```
+/// use sluice_descriptors::RuleSet;
+/// let rules = RuleSet::from_yaml("domain: d\ndescriptors:\n  - key: k\n    value: v\n    descriptors:\n      - key: user\n        rate_limit: {unit: second, requests_per_unit: 1}\n")?;
+/// assert_eq!(rules.rules().next().unwrap().id.to_string(), "d: k=v > user");
+/// # Ok::<(), sluice_descriptors::RulesError>(())
+/// ```
+impl std::fmt::Display for RuleId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use std::fmt::Write;
+        let mut escaped = false;
+        let mut level = 0;
+        for c in self.0.chars() {
+            if escaped {
+                escaped = false;
+                f.write_char(c)?;
+                continue;
+            }
+            match c {
+                ESCAPE => escaped = true,
+                LEVEL => {
+                    f.write_str(if level == 0 { ": " } else { " > " })?;
+                    level += 1;
+                }
+                PAIR => f.write_char('=')?,
+                c => f.write_char(c)?,
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The counter of a request descriptor under `rule`: the rule's place and the request's own
 /// entries, so each distinct value of a key-only or wildcard rule has its own counter, and no
 /// two (rule, entries) pairs share one.

@@ -206,7 +206,7 @@ async fn check(
         Ok(request) => request,
         Err(detail) => return problem(StatusCode::BAD_REQUEST, "Malformed check request", detail),
     };
-    match engine.check(&request, peek) {
+    match engine.check(&request, peek).await {
         Ok(verdict) => axum::Json(to_body(verdict)).into_response(),
         Err(e) => problem(
             StatusCode::BAD_REQUEST,

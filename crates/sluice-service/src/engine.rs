@@ -15,6 +15,7 @@ use sluice_descriptors::{Entry, Limit, Rule, RuleId, RuleSet, counter_key};
 use sluice_http::FieldPolicy;
 
 use crate::counters::{self, CounterSettings, Counters, RuleQuotas, override_counter, rule_counter};
+use crate::shared::{self, RedisCounters, SharedCounters};
 
 /// How one request's descriptors are counted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -227,30 +228,83 @@ pub enum RequestError {
     },
 }
 
+/// Why an engine could not be built (or a reload was refused: the running rules stay).
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// A memory limiter refused a setting.
+    #[error(transparent)]
+    Keyed(#[from] KeyedBuildError),
+    /// A rule's algorithm or quota cannot be counted on Redis.
+    #[error("rule {rule}: {source}")]
+    Redis {
+        /// The rule, as its place in the rules reads.
+        rule: String,
+        /// Why.
+        source: Box<sluice_redis::Error>,
+    },
+    /// A Redis limiter could not be built.
+    #[error("redis: {0}")]
+    RedisLimiter(Box<sluice_redis::Error>),
+}
+
+/// Where one generation's counters are.
+enum Store {
+    /// In this process, by algorithm.
+    Memory(Vec<(AlgorithmKind, Arc<dyn Counters>)>),
+    /// On Redis, by algorithm.
+    Redis(Vec<(AlgorithmKind, Arc<dyn SharedCounters>)>),
+}
+
 /// One generation of rules and the counters they are counted on.
 struct Generation {
     rules: RuleSet,
     /// The policies answers name, by rule.
     policies: HashMap<RuleId, FieldPolicy>,
-    /// The counters by algorithm.
-    counters: Vec<(AlgorithmKind, Arc<dyn Counters>)>,
+    store: Store,
 }
 
 impl Generation {
-    fn counters(&self, kind: AlgorithmKind) -> Option<&dyn Counters> {
-        self.counters
-            .iter()
-            .find(|(k, _)| *k == kind)
-            .map(|(_, counters)| &**counters)
+    fn memory(&self, kind: AlgorithmKind) -> Option<&dyn Counters> {
+        match &self.store {
+            Store::Memory(counters) => counters.iter().find(|(k, _)| *k == kind).map(|(_, c)| &**c),
+            Store::Redis(_) => None,
+        }
+    }
+
+    fn shared(&self, kind: AlgorithmKind) -> Option<&dyn SharedCounters> {
+        match &self.store {
+            Store::Redis(counters) => counters.iter().find(|(k, _)| *k == kind).map(|(_, c)| &**c),
+            Store::Memory(_) => None,
+        }
+    }
+
+    fn has(&self, kind: AlgorithmKind) -> bool {
+        match &self.store {
+            Store::Memory(counters) => counters.iter().any(|(k, _)| *k == kind),
+            Store::Redis(counters) => counters.iter().any(|(k, _)| *k == kind),
+        }
     }
 }
 
-/// The decision engine: rules, and the counters of every limit they set.
+/// One limit a request's descriptor is counted against.
+struct Count {
+    /// The descriptor's place in the request.
+    index: usize,
+    kind: AlgorithmKind,
+    key: String,
+    cost: u64,
+    limit: AppliedLimit,
+}
+
+/// The decision engine: rules, and the counters of every limit they set (in memory, or on
+/// Redis with [`Engine::on_redis`]).
 ///
 /// # Example
 /// ```
 /// use sluice_descriptors::RuleSet;
 /// use sluice_service::{CheckRequest, Code, DescriptorRequest, Engine, EngineSettings};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let rules = RuleSet::from_yaml(
 ///     "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2}\n",
 /// )?;
@@ -263,14 +317,15 @@ impl Generation {
 ///     }],
 ///     hits: None,
 /// };
-/// assert_eq!(engine.check(&request, false)?.overall, Code::Ok);
-/// assert_eq!(engine.check(&request, false)?.overall, Code::Ok);
-/// assert_eq!(engine.check(&request, false)?.overall, Code::OverLimit);
-/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// assert_eq!(engine.check(&request, false).await?.overall, Code::Ok);
+/// assert_eq!(engine.check(&request, false).await?.overall, Code::Ok);
+/// assert_eq!(engine.check(&request, false).await?.overall, Code::OverLimit);
+/// # Ok(()) }
 /// ```
 pub struct Engine {
     current: ArcSwap<Generation>,
     settings: EngineSettings,
+    redis: Option<RedisCounters>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -278,6 +333,7 @@ impl std::fmt::Debug for Engine {
         f.debug_struct("Engine")
             .field("rules", &self.current.load().rules.len())
             .field("settings", &self.settings)
+            .field("redis", &self.redis)
             .finish()
     }
 }
@@ -285,31 +341,67 @@ impl std::fmt::Debug for Engine {
 /// What a reload kept.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Reloaded {
-    /// Counters moved into the new generation with their counts.
+    /// Counters moved into the new generation with their counts (none on Redis, where the
+    /// counts stay in place).
     pub moved: u64,
     /// Counters dropped (the new limiters had no room).
     pub dropped: u64,
 }
 
 impl Engine {
-    /// An engine deciding on `rules`.
+    /// An engine deciding on `rules`, its counters in this process.
     ///
     /// # Errors
     /// A limiter could not be built with the settings.
-    pub fn new(rules: RuleSet, settings: EngineSettings) -> Result<Self, KeyedBuildError> {
-        let generation = Self::generation(rules, &settings)?;
+    pub fn new(rules: RuleSet, settings: EngineSettings) -> Result<Self, BuildError> {
+        let generation = Self::generation(rules, &settings, None)?;
         Ok(Self {
             current: ArcSwap::from_pointee(generation),
             settings,
+            redis: None,
         })
     }
 
-    fn generation(rules: RuleSet, settings: &EngineSettings) -> Result<Generation, KeyedBuildError> {
+    /// An engine deciding on `rules`, its counters on Redis: every engine on the same Redis
+    /// and prefix shares each limit. Must run inside a tokio runtime.
+    ///
+    /// A request's descriptors are still decided all-or-nothing by default: each limit is
+    /// first looked at, and taken only if all would admit; a limit another process fills
+    /// between the look and the take denies the request and leaves what the others took.
+    ///
+    /// # Errors
+    /// A rule whose algorithm has no Redis script or whose quota Redis cannot hold exactly
+    /// (named by its place), or a limiter that could not be built.
+    pub fn on_redis(
+        rules: RuleSet,
+        settings: EngineSettings,
+        redis: RedisCounters,
+    ) -> Result<Self, BuildError> {
+        let generation = Self::generation(rules, &settings, Some(&redis))?;
+        Ok(Self {
+            current: ArcSwap::from_pointee(generation),
+            settings,
+            redis: Some(redis),
+        })
+    }
+
+    fn generation(
+        rules: RuleSet,
+        settings: &EngineSettings,
+        redis: Option<&RedisCounters>,
+    ) -> Result<Generation, BuildError> {
         let mut quotas = HashMap::new();
         let mut policies = HashMap::new();
         let mut kinds = vec![settings.algorithm];
         for rule in rules.rules() {
+            let kind = rule.algorithm.unwrap_or(settings.algorithm);
             if let Limit::Quota(quota) = rule.limit {
+                if redis.is_some() {
+                    sluice_redis::check_quota(kind, &quota).map_err(|source| BuildError::Redis {
+                        rule: rule.id.to_string(),
+                        source: Box::new(source),
+                    })?;
+                }
                 quotas.insert(rule.id.clone(), quota);
             }
             let name = rule.name.as_deref().unwrap_or("sluice");
@@ -317,39 +409,53 @@ impl Engine {
                 .or_else(|| FieldPolicy::new("sluice"))
                 .expect("\"sluice\" is a valid policy name");
             policies.insert(rule.id.clone(), policy);
-            if let Some(kind) = rule.algorithm
-                && !kinds.contains(&kind)
-            {
+            if !kinds.contains(&kind) {
                 kinds.push(kind);
             }
         }
         let quotas = RuleQuotas::new(quotas);
-        let counters = kinds
-            .into_iter()
-            .map(|kind| Ok((kind, counters::build(kind, quotas.clone(), settings.counters)?)))
-            .collect::<Result<_, KeyedBuildError>>()?;
+        let capacity = settings.counters.capacity;
+        let store = match redis {
+            None => Store::Memory(
+                kinds
+                    .into_iter()
+                    .map(|kind| Ok((kind, counters::build(kind, quotas.clone(), settings.counters)?)))
+                    .collect::<Result<_, KeyedBuildError>>()?,
+            ),
+            Some(redis) => Store::Redis(
+                kinds
+                    .into_iter()
+                    .map(|kind| Ok((kind, shared::build(kind, quotas.clone(), redis, capacity)?)))
+                    .collect::<Result<_, sluice_redis::Error>>()
+                    .map_err(|e| BuildError::RedisLimiter(Box::new(e)))?,
+            ),
+        };
         Ok(Generation {
             rules,
             policies,
-            counters,
+            store,
         })
     }
 
-    /// Replaces the rules. Every held counter moves into the new generation with its count;
-    /// a counter whose rule's quota changed takes the new quota at its next check, by the
-    /// core's quota-change rule (what still counts stays consumed, capped).
+    /// Replaces the rules. Every held counter stays with its count (in memory it moves into
+    /// the new generation; on Redis it never left); a counter whose rule's quota changed
+    /// takes the new quota at its next check, by the core's quota-change rule (what still
+    /// counts stays consumed, capped).
     ///
     /// # Errors
-    /// A limiter could not be built; the running rules stay.
-    pub fn reload(&self, rules: RuleSet) -> Result<Reloaded, KeyedBuildError> {
-        let next = Self::generation(rules, &self.settings)?;
+    /// A limiter could not be built, or (on Redis) a rule cannot be counted there; the
+    /// running rules stay.
+    pub fn reload(&self, rules: RuleSet) -> Result<Reloaded, BuildError> {
+        let next = Self::generation(rules, &self.settings, self.redis.as_ref())?;
         let old = self.current.load_full();
         let mut reloaded = Reloaded::default();
-        for (kind, counters) in &old.counters {
-            if let Some(target) = next.counters(*kind) {
-                let Migrated { moved, dropped, .. } = counters.migrate_into(target);
-                reloaded.moved += moved;
-                reloaded.dropped += dropped;
+        if let Store::Memory(counters) = &old.store {
+            for (kind, counters) in counters {
+                if let Some(target) = next.memory(*kind) {
+                    let Migrated { moved, dropped, .. } = counters.migrate_into(target);
+                    reloaded.moved += moved;
+                    reloaded.dropped += dropped;
+                }
             }
         }
         self.current.store(Arc::new(next));
@@ -361,26 +467,46 @@ impl Engine {
         read(&self.current.load().rules)
     }
 
-    /// The counters held, over every algorithm.
+    /// The counters held in memory, over every algorithm (0 on Redis).
     pub fn entries(&self) -> u64 {
-        self.current
-            .load()
-            .counters
-            .iter()
-            .map(|(_, counters)| counters.metrics().entries)
-            .sum()
+        match &self.current.load().store {
+            Store::Memory(counters) => counters.iter().map(|(_, c)| c.metrics().entries).sum(),
+            Store::Redis(_) => 0,
+        }
     }
 
     /// Decides `request`; with `peek`, counts nothing and says what a check would answer.
+    /// In memory this never waits; on Redis it waits for Redis (or its failure policy).
     ///
     /// # Errors
     /// The request is outside the bounds ([`RequestBounds`]), or names no domain or no
     /// descriptor.
-    pub fn check(&self, request: &CheckRequest, peek: bool) -> Result<Verdict, RequestError> {
+    pub async fn check(&self, request: &CheckRequest, peek: bool) -> Result<Verdict, RequestError> {
         self.validate(request)?;
-        let generation = self.current.load();
+        let generation = self.current.load_full();
+        let mut statuses = vec![unlimited(); request.descriptors.len()];
+        let counts = self.counts(&generation, request, peek);
+        let denied = match &generation.store {
+            Store::Memory(_) => self.count_in_memory(&generation, counts, &mut statuses, peek),
+            Store::Redis(_) => {
+                self.count_on_redis(&generation, counts, &mut statuses, peek)
+                    .await
+            }
+        };
+        let overall = if denied { Code::OverLimit } else { Code::Ok };
+        let fields = self.fields(&generation, &statuses, denied);
+        Ok(Verdict {
+            overall,
+            statuses,
+            fields,
+        })
+    }
+
+    /// The limits the request's descriptors are counted against: each descriptor's rule (if
+    /// one matches, is not replaced and has a limit), its counter and its cost.
+    fn counts(&self, generation: &Generation, request: &CheckRequest, peek: bool) -> Vec<Count> {
         let hits = request.hits.filter(|h| *h > 0).unwrap_or(1);
-        let matched: Vec<Option<&Rule>> = request
+        let matched: Vec<(Vec<Entry<'_>>, Option<&Rule>)> = request
             .descriptors
             .iter()
             .map(|descriptor| {
@@ -389,91 +515,142 @@ impl Engine {
                     .iter()
                     .map(|(key, value)| Entry { key, value })
                     .collect();
-                generation.rules.find(&request.domain, &entries)
+                let rule = generation.rules.find(&request.domain, &entries);
+                (entries, rule)
             })
             .collect();
-        let replaced = replaced_names(&matched);
-        let mut statuses = Vec::with_capacity(request.descriptors.len());
-        // Takes to give back if the request is denied: (status, counters, key, receipt, cost).
-        let mut taken: Vec<(usize, &dyn Counters, String, Receipt, u64)> = Vec::new();
-        let mut denied = false;
-        for (descriptor, rule) in request.descriptors.iter().zip(&matched) {
+        let replaced = replaced_names(matched.iter().map(|(_, rule)| *rule));
+        let mut counts = Vec::with_capacity(matched.len());
+        for (index, (descriptor, (entries, rule))) in request.descriptors.iter().zip(&matched).enumerate() {
             let Some(rule) = rule.filter(|rule| !is_replaced(rule, &replaced)) else {
-                statuses.push(unlimited());
                 continue;
             };
             let quota = match (descriptor.limit, rule.limit) {
-                (Some(quota), _) => quota,
-                (None, Limit::Quota(quota)) => quota,
-                (None, Limit::Unlimited) => {
-                    statuses.push(unlimited());
-                    continue;
-                }
+                (Some(quota), _) | (None, Limit::Quota(quota)) => quota,
+                (None, Limit::Unlimited) => continue,
             };
             let kind = rule.algorithm.unwrap_or(self.settings.algorithm);
-            let Some(counters) = generation.counters(kind) else {
-                statuses.push(unlimited());
+            if !generation.has(kind) {
                 continue;
-            };
-            let entries: Vec<Entry<'_>> = descriptor
-                .entries
-                .iter()
-                .map(|(key, value)| Entry { key, value })
-                .collect();
-            let place = counter_key(rule, &entries);
+            }
+            let place = counter_key(rule, entries);
             let key = match descriptor.limit {
                 Some(quota) => override_counter(quota, &place),
                 None => rule_counter(&place),
             };
-            let cost = descriptor.hits.filter(|h| *h > 0).unwrap_or(hits);
-            // After a denial that counts, the rest are only looked at.
-            let cost = if peek || (denied && self.settings.counting == Counting::AllOrNothing) {
+            let cost = if peek {
                 0
             } else {
-                cost
+                descriptor.hits.filter(|h| *h > 0).unwrap_or(hits)
             };
-            let applied = AppliedLimit {
-                quota,
-                name: rule.name.clone(),
-                rule: rule.id.clone(),
-                shadow: rule.shadow_mode,
+            counts.push(Count {
+                index,
+                kind,
+                key,
+                cost,
+                limit: AppliedLimit {
+                    quota,
+                    name: rule.name.clone(),
+                    rule: rule.id.clone(),
+                    shadow: rule.shadow_mode,
+                },
+            });
+        }
+        counts
+    }
+
+    /// Counts in memory, in the request's order; all-or-nothing gives back every take of a
+    /// denied request. Whether the request is denied.
+    fn count_in_memory(
+        &self,
+        generation: &Generation,
+        counts: Vec<Count>,
+        statuses: &mut [DescriptorStatus],
+        peek: bool,
+    ) -> bool {
+        let all_or_nothing = self.settings.counting == Counting::AllOrNothing;
+        // Takes to give back if the request is denied.
+        let mut taken: Vec<(usize, &dyn Counters, String, Receipt, u64)> = Vec::new();
+        let mut denied = false;
+        for count in counts {
+            let Some(counters) = generation.memory(count.kind) else {
+                continue;
             };
-            let status = match counters.take(&key, cost) {
+            // After a denial that counts, the rest are only looked at.
+            let cost = if peek || (denied && all_or_nothing) {
+                0
+            } else {
+                count.cost
+            };
+            let shadow = count.limit.shadow;
+            let status = match counters.take(&count.key, cost) {
                 Ok((decision, receipt)) => {
                     if decision.is_allowed() && cost > 0 {
-                        taken.push((statuses.len(), counters, key, receipt, cost));
+                        taken.push((count.index, counters, count.key, receipt, cost));
                     }
-                    limited(decision, applied)
+                    limited(decision, count.limit)
                 }
-                Err(CheckError::CostExceedsCapacity { .. }) => DescriptorStatus {
-                    code: Code::OverLimit,
-                    limit: Some(applied),
-                    remaining: 0,
-                    reset_after: Duration::ZERO,
-                    retry_after: Duration::MAX,
-                },
+                Err(CheckError::CostExceedsCapacity { .. }) => never_fits(count.limit),
             };
-            if status.code == Code::OverLimit && !rule.shadow_mode {
-                denied = true;
-            }
-            statuses.push(status);
+            denied |= status.code == Code::OverLimit && !shadow;
+            statuses[count.index] = status;
         }
-        if denied && self.settings.counting == Counting::AllOrNothing {
+        if denied && all_or_nothing {
             for (index, counters, key, receipt, cost) in taken {
                 counters.give_back(&key, receipt, cost);
-                if let Some(status) = statuses.get_mut(index) {
-                    let capacity = status.limit.as_ref().map_or(0, |limit| limit.quota.capacity());
-                    status.remaining = status.remaining.saturating_add(cost).min(capacity);
-                }
+                given_back(&mut statuses[index], cost);
             }
         }
-        let overall = if denied { Code::OverLimit } else { Code::Ok };
-        let fields = self.fields(&generation, &statuses, denied);
-        Ok(Verdict {
-            overall,
-            statuses,
-            fields,
-        })
+        denied
+    }
+
+    /// Counts on Redis, every limit at once. All-or-nothing with more than one limit looks
+    /// first (a peek), takes only if every limit would admit, and takes for real those that
+    /// would not (a denial consumes nothing, and says when to retry). Whether the request is
+    /// denied.
+    async fn count_on_redis(
+        &self,
+        generation: &Generation,
+        counts: Vec<Count>,
+        statuses: &mut [DescriptorStatus],
+        peek: bool,
+    ) -> bool {
+        let look_first = !peek && self.settings.counting == Counting::AllOrNothing && counts.len() > 1;
+        if !look_first {
+            let decisions = take_all(generation, &counts, |count| count.cost).await;
+            return settle(counts, decisions, statuses);
+        }
+        let looks = take_all(generation, &counts, |_| 0).await;
+        let short = |count: &Count, look: &Option<Decision>| {
+            !count.limit.shadow && look.is_none_or(|look| look.remaining() < count.cost)
+        };
+        if !counts.iter().zip(&looks).any(|(count, look)| short(count, look)) {
+            let decisions = take_all(generation, &counts, |count| count.cost).await;
+            return settle(counts, decisions, statuses);
+        }
+        // Take only where a limit would deny: a denied take consumes nothing and says when to
+        // retry. The rest keep what their look said.
+        let (deciding, looked): (Vec<_>, Vec<_>) = counts
+            .into_iter()
+            .zip(looks)
+            .partition(|(count, look)| short(count, look));
+        let deciding: Vec<Count> = deciding.into_iter().map(|(count, _)| count).collect();
+        let decisions = take_all(generation, &deciding, |count| count.cost).await;
+        if settle(deciding, decisions, statuses) {
+            for (count, look) in looked {
+                let index = count.index;
+                statuses[index] = match look {
+                    Some(look) => limited(look, count.limit),
+                    None => never_fits(count.limit),
+                };
+            }
+            return true;
+        }
+        // Another process freed what was short between the look and the take: those took,
+        // so the rest take too.
+        let rest: Vec<Count> = looked.into_iter().map(|(count, _)| count).collect();
+        let decisions = take_all(generation, &rest, |count| count.cost).await;
+        settle(rest, decisions, statuses)
     }
 
     fn validate(&self, request: &CheckRequest) -> Result<(), RequestError> {
@@ -611,9 +788,8 @@ fn limited(decision: Decision, limit: AppliedLimit) -> DescriptorStatus {
 }
 
 /// The names of limits some matched rule replaces.
-fn replaced_names<'a>(matched: &[Option<&'a Rule>]) -> HashSet<&'a str> {
+fn replaced_names<'a>(matched: impl Iterator<Item = Option<&'a Rule>>) -> HashSet<&'a str> {
     matched
-        .iter()
         .flatten()
         .flat_map(|rule| rule.replaces.iter().map(String::as_str))
         .collect()
@@ -621,4 +797,65 @@ fn replaced_names<'a>(matched: &[Option<&'a Rule>]) -> HashSet<&'a str> {
 
 fn is_replaced(rule: &Rule, replaced: &HashSet<&str>) -> bool {
     !replaced.is_empty() && rule.name.as_deref().is_some_and(|name| replaced.contains(name))
+}
+
+/// How long a request is told to wait when Redis cannot decide its limit at all.
+const UNDECIDED_RETRY: Duration = Duration::from_secs(1);
+
+/// Each limit's decision on Redis for `cost` of it, all at once: `None` where the cost can
+/// never fit its quota.
+async fn take_all(
+    generation: &Generation,
+    counts: &[Count],
+    cost: impl Fn(&Count) -> u64,
+) -> Vec<Option<Decision>> {
+    let takes = counts.iter().map(|count| {
+        let cost = cost(count);
+        async move {
+            let counters = generation.shared(count.kind)?;
+            match counters.take(&count.key, cost).await {
+                Ok(decision) => Some(decision),
+                Err(sluice_redis::Error::Check(CheckError::CostExceedsCapacity { .. })) => None,
+                // Not an outage (the failure policy answers those) but a limit Redis cannot
+                // hold exactly (a request's own override): deny, and say why in the log.
+                Err(e) => {
+                    tracing::error!(rule = %count.limit.rule, "cannot decide on Redis: {e}; denying");
+                    Some(Decision::denied(0, 0, 0, saturating_nanos(UNDECIDED_RETRY)))
+                }
+            }
+        }
+    });
+    futures_util::future::join_all(takes).await
+}
+
+/// Writes each limit's status from its decision. Whether any limit that counts denied.
+fn settle(counts: Vec<Count>, decisions: Vec<Option<Decision>>, statuses: &mut [DescriptorStatus]) -> bool {
+    let mut denied = false;
+    for (count, decision) in counts.into_iter().zip(decisions) {
+        let shadow = count.limit.shadow;
+        let status = match decision {
+            Some(decision) => limited(decision, count.limit),
+            None => never_fits(count.limit),
+        };
+        denied |= status.code == Code::OverLimit && !shadow;
+        statuses[count.index] = status;
+    }
+    denied
+}
+
+/// The status of a cost its limit can never admit.
+fn never_fits(limit: AppliedLimit) -> DescriptorStatus {
+    DescriptorStatus {
+        code: Code::OverLimit,
+        limit: Some(limit),
+        remaining: 0,
+        reset_after: Duration::ZERO,
+        retry_after: Duration::MAX,
+    }
+}
+
+/// A status after its take was given back.
+fn given_back(status: &mut DescriptorStatus, cost: u64) {
+    let capacity = status.limit.as_ref().map_or(0, |limit| limit.quota.capacity());
+    status.remaining = status.remaining.saturating_add(cost).min(capacity);
 }

@@ -11,11 +11,13 @@ mod counters;
 mod engine;
 pub mod proto;
 mod rls;
+mod shared;
 
 pub use api::{CheckApi, MAX_BODY_BYTES};
 pub use counters::CounterSettings;
 pub use engine::{
-    AppliedLimit, CheckRequest, Code, Counting, DescriptorRequest, DescriptorStatus, Engine, EngineSettings,
-    FieldSet, Reloaded, RequestBounds, RequestError, Verdict,
+    AppliedLimit, BuildError, CheckRequest, Code, Counting, DescriptorRequest, DescriptorStatus, Engine,
+    EngineSettings, FieldSet, Reloaded, RequestBounds, RequestError, Verdict,
 };
 pub use rls::{MAX_MESSAGE_BYTES, RateLimitService, SHOULD_RATE_LIMIT};
+pub use shared::RedisCounters;

@@ -76,12 +76,12 @@ impl RateLimitService {
     ///
     /// # Errors
     /// `INVALID_ARGUMENT` for a request outside the bounds or with a field it cannot read.
-    pub fn should_rate_limit(
+    pub async fn should_rate_limit(
         &self,
         request: proto::RateLimitRequest,
     ) -> Result<proto::RateLimitResponse, Status> {
         let request = from_proto(request)?;
-        let verdict = self.engine.check(&request, false).map_err(invalid)?;
+        let verdict = self.engine.check(&request, false).await.map_err(invalid)?;
         Ok(to_proto(verdict))
     }
 
@@ -208,14 +208,17 @@ struct ShouldRateLimit(RateLimitService);
 
 impl UnaryService<proto::RateLimitRequest> for ShouldRateLimit {
     type Response = proto::RateLimitResponse;
-    type Future = std::future::Ready<Result<tonic::Response<Self::Response>, Status>>;
+    type Future =
+        std::pin::Pin<Box<dyn Future<Output = Result<tonic::Response<Self::Response>, Status>> + Send>>;
 
     fn call(&mut self, request: tonic::Request<proto::RateLimitRequest>) -> Self::Future {
-        std::future::ready(
-            self.0
+        let service = self.0.clone();
+        Box::pin(async move {
+            service
                 .should_rate_limit(request.into_inner())
-                .map(tonic::Response::new),
-        )
+                .await
+                .map(tonic::Response::new)
+        })
     }
 }
 

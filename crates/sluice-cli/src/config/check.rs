@@ -187,6 +187,11 @@ impl RawConfig {
             self.counting.as_deref(),
             dir,
         )?;
+        if let Some(service) = &service
+            && limiter.redis.is_some()
+        {
+            rules_fit_redis(&service.rules.0, limiter.algorithm).map_err(|e| error("rules", e))?;
+        }
         Ok(Settings {
             listen,
             idle_timeout,
@@ -256,6 +261,21 @@ fn service(
         counting,
         fields,
     }))
+}
+
+/// Checks that every rule's algorithm has a Redis script and its quota fits Redis' numbers
+/// (the rules of a service whose counters are on Redis); the message names the rule.
+pub(super) fn rules_fit_redis(
+    rules: &sluice_descriptors::RuleSet,
+    algorithm: sluice::AlgorithmKind,
+) -> Result<(), String> {
+    for rule in rules.rules() {
+        if let sluice_descriptors::Limit::Quota(quota) = rule.limit {
+            let kind = rule.algorithm.unwrap_or(algorithm);
+            sluice_redis::check_quota(kind, &quota).map_err(|e| format!("rule {}: {e}", rule.id))?;
+        }
+    }
+    Ok(())
 }
 
 /// The key's parts, and the layer's own check of them with the default key, the maximum

@@ -57,6 +57,10 @@ impl Drop for TempDir {
 pub struct Server {
     pub child: Child,
     pub addr: SocketAddr,
+    /// The RLS listener's address, if the config has one.
+    pub rls: Option<SocketAddr>,
+    /// The check API's address, if the config has one.
+    pub api: Option<SocketAddr>,
     pub first_line: String,
     stderr: PathBuf,
     _dir: TempDir,
@@ -78,11 +82,31 @@ impl Server {
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
+            // The service's listeners come before the main line; the reader stops after it.
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let main = line.starts_with("listening on ");
+                if tx.send(line).is_err() || main {
+                    break;
+                }
+            }
         });
-        let first_line = rx.recv_timeout(PATIENCE).expect("no listening line");
+        let (mut rls, mut api) = (None, None);
+        let first_line = loop {
+            let line = rx.recv_timeout(PATIENCE).unwrap_or_else(|_| {
+                panic!(
+                    "no listening line; stderr: {}",
+                    std::fs::read_to_string(&stderr).unwrap_or_default()
+                )
+            });
+            if let Some(addr) = line.strip_prefix("rls listening on ") {
+                rls = Some(addr.parse().unwrap());
+            } else if let Some(addr) = line.strip_prefix("api listening on http://") {
+                api = Some(addr.trim_end_matches('/').parse().unwrap());
+            } else {
+                break line;
+            }
+        };
         let addr = first_line
             .trim_end()
             .strip_prefix("listening on http://")
@@ -97,6 +121,8 @@ impl Server {
         Self {
             child,
             addr,
+            rls,
+            api,
             first_line,
             stderr,
             _dir: dir,
@@ -203,6 +229,18 @@ impl Client {
     pub fn request(&mut self, method: &str, path: &str, headers: &[(&str, &str)]) -> Response {
         let headers: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
         self.request_bytes(method, path, &headers)
+    }
+
+    /// A POST of a JSON body.
+    pub fn post_json(&mut self, path: &str, body: &str) -> Response {
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: test\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        let stream = self.reader.get_mut();
+        stream.write_all(head.as_bytes()).unwrap();
+        stream.write_all(body.as_bytes()).unwrap();
+        self.read_response()
     }
 
     /// A request whose header values are raw bytes (not necessarily text).
