@@ -128,9 +128,9 @@ pub async fn serve(
         drained: watch::Sender::new(false),
     });
     // Its lines go to stdout before the one a spawning process waits for.
-    let _engine = crate::service::start(&options.settings, acceptor.stop.subscribe()).await?;
+    let service = crate::service::start(&options.settings, acceptor.stop.subscribe(), shared_port).await?;
     let workers = (1..threads)
-        .map(|i| spawn_worker(i, bound, Arc::clone(&acceptor)))
+        .map(|i| spawn_worker(i, bound, Arc::clone(&acceptor), service.clone()))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|source| ServeError::Bind { addr: bound, source })?;
 
@@ -189,7 +189,7 @@ const REUSE_PORT: bool = {
 /// The first listener on `addr`. A port other processes may share (`SO_REUSEPORT`) is first
 /// bound once without the option, so a port already in use, even by another server that set
 /// it too, is an error rather than silently shared.
-fn bind_first(addr: SocketAddr, shared_port: bool) -> std::io::Result<TcpListener> {
+pub(crate) fn bind_first(addr: SocketAddr, shared_port: bool) -> std::io::Result<TcpListener> {
     if shared_port && addr.port() != 0 {
         drop(bind(addr, false)?);
     }
@@ -197,7 +197,7 @@ fn bind_first(addr: SocketAddr, shared_port: bool) -> std::io::Result<TcpListene
 }
 
 /// A listener on `addr`; one of several on the same port when `shared_port`.
-fn bind(addr: SocketAddr, shared_port: bool) -> std::io::Result<TcpListener> {
+pub(crate) fn bind(addr: SocketAddr, shared_port: bool) -> std::io::Result<TcpListener> {
     let socket = if addr.is_ipv4() {
         TcpSocket::new_v4()?
     } else {
@@ -221,6 +221,7 @@ fn spawn_worker(
     i: usize,
     bound: SocketAddr,
     acceptor: Arc<Acceptor>,
+    service: Option<crate::service::Running>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let worker = std::thread::Builder::new()
@@ -235,7 +236,14 @@ fn spawn_worker(
                 }
             };
             runtime.block_on(async move {
-                let listener = match bind(bound, true) {
+                let mut stop = acceptor.stop.subscribe();
+                let listener = bind(bound, true).and_then(|listener| {
+                    if let Some(service) = &service {
+                        service.serve_here(&stop)?;
+                    }
+                    Ok(listener)
+                });
+                let listener = match listener {
                     Ok(listener) => listener,
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
@@ -243,7 +251,6 @@ fn spawn_worker(
                     }
                 };
                 let _ = ready_tx.send(Ok(()));
-                let mut stop = acceptor.stop.subscribe();
                 tokio::select! {
                     () = acceptor.accept(listener) => {}
                     _ = stop.wait_for(|stop| *stop) => {}

@@ -45,13 +45,24 @@ pub enum ServiceError {
     },
 }
 
+/// The service once started: its engine and the addresses its listeners are bound to, which
+/// every other serving thread shares ([`Running::serve_here`]).
+#[derive(Clone)]
+pub struct Running {
+    engine: Arc<Engine>,
+    rls: Option<SocketAddr>,
+    api: Option<SocketAddr>,
+}
+
 /// Starts the service's listeners and rules watcher on this runtime, if the config has rules.
 /// Prints `rls listening on ADDR` and `api listening on http://ADDR/` to stdout for each
-/// listener bound. Everything stops when `stop` turns true.
+/// listener bound; with `shared_port`, other threads may bind the same ports
+/// ([`Running::serve_here`]). Everything stops when `stop` turns true.
 pub async fn start(
     settings: &Settings,
     stop: watch::Receiver<bool>,
-) -> Result<Option<Arc<Engine>>, ServiceError> {
+    shared_port: bool,
+) -> Result<Option<Running>, ServiceError> {
     let Some(service) = &settings.service else {
         return Ok(None);
     };
@@ -82,52 +93,74 @@ pub async fn start(
             Engine::on_redis(rules, engine_settings, counters)?
         }
     };
-    let engine = Arc::new(engine);
+    let mut running = Running {
+        engine: Arc::new(engine),
+        rls: None,
+        api: None,
+    };
     let mut stdout = std::io::stdout().lock();
     if let Some(addr) = service.rls {
-        let listener = bind("rls.listen", addr).await?;
-        let bound = listener.local_addr().map_err(|source| ServiceError::Bind {
-            field: "rls.listen",
-            addr,
-            source,
-        })?;
+        let (listener, bound) = bind("rls.listen", addr, shared_port)?;
         let _ = writeln!(stdout, "rls listening on {bound}");
-        let rls = RateLimitService::new(Arc::clone(&engine));
-        let stopped = stopped(stop.clone());
-        tokio::spawn(async move {
-            if let Err(e) = rls.serve(listener, stopped).await {
-                tracing::error!("rls: {e}");
-            }
-        });
+        serve_rls(&running.engine, listener, stop.clone());
+        running.rls = Some(bound);
         tracing::info!(%bound, "rate-limit service (Envoy RLS v3, gRPC)");
     }
     if let Some(addr) = service.api {
-        let listener = bind("api.listen", addr).await?;
-        let bound = listener.local_addr().map_err(|source| ServiceError::Bind {
-            field: "api.listen",
-            addr,
-            source,
-        })?;
+        let (listener, bound) = bind("api.listen", addr, shared_port)?;
         let _ = writeln!(stdout, "api listening on http://{bound}/");
-        let api = CheckApi::new(Arc::clone(&engine));
-        let stopped = stopped(stop.clone());
-        tokio::spawn(async move {
-            if let Err(e) = api.serve(listener, stopped).await {
-                tracing::error!("api: {e}");
-            }
-        });
+        serve_api(&running.engine, listener, stop.clone());
+        running.api = Some(bound);
         tracing::info!(%bound, "check API (POST /v1/check)");
     }
     let _ = stdout.flush();
     drop(stdout);
-    tokio::spawn(watch_rules(service.clone(), Arc::clone(&engine), stop));
-    Ok(Some(engine))
+    tokio::spawn(watch_rules(service.clone(), Arc::clone(&running.engine), stop));
+    Ok(Some(running))
 }
 
-async fn bind(field: &'static str, addr: SocketAddr) -> Result<TcpListener, ServiceError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| ServiceError::Bind { field, addr, source })
+impl Running {
+    /// Serves the service on this thread's runtime too, on listeners sharing the ports
+    /// [`start`] bound (`SO_REUSEPORT`: the kernel spreads connections over the threads).
+    pub fn serve_here(&self, stop: &watch::Receiver<bool>) -> std::io::Result<()> {
+        if let Some(addr) = self.rls {
+            serve_rls(&self.engine, crate::server::bind(addr, true)?, stop.clone());
+        }
+        if let Some(addr) = self.api {
+            serve_api(&self.engine, crate::server::bind(addr, true)?, stop.clone());
+        }
+        Ok(())
+    }
+}
+
+fn serve_rls(engine: &Arc<Engine>, listener: TcpListener, stop: watch::Receiver<bool>) {
+    let rls = RateLimitService::new(Arc::clone(engine));
+    tokio::spawn(async move {
+        if let Err(e) = rls.serve(listener, stopped(stop)).await {
+            tracing::error!("rls: {e}");
+        }
+    });
+}
+
+fn serve_api(engine: &Arc<Engine>, listener: TcpListener, stop: watch::Receiver<bool>) {
+    let api = CheckApi::new(Arc::clone(engine));
+    tokio::spawn(async move {
+        if let Err(e) = api.serve(listener, stopped(stop)).await {
+            tracing::error!("api: {e}");
+        }
+    });
+}
+
+/// The first listener of `field` on `addr`, and the address it is bound to.
+fn bind(
+    field: &'static str,
+    addr: SocketAddr,
+    shared_port: bool,
+) -> Result<(TcpListener, SocketAddr), ServiceError> {
+    let error = |source| ServiceError::Bind { field, addr, source };
+    let listener = crate::server::bind_first(addr, shared_port).map_err(error)?;
+    let bound = listener.local_addr().map_err(error)?;
+    Ok((listener, bound))
 }
 
 /// Completes when `stop` turns true (or its sender is gone).

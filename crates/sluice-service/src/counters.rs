@@ -42,7 +42,8 @@ impl RuleQuotas {
         Self(Arc::new(quotas))
     }
 
-    fn quota_of(&self, key: &str) -> Option<Quota> {
+    /// The quota of a counter key: its override's, or its rule's in this generation.
+    pub(crate) fn quota_of(&self, key: &str) -> Option<Quota> {
         if let Some(rest) = key.strip_prefix(BY_OVERRIDE) {
             let (quota, _) = rest.split_once(OVERRIDE_END)?;
             return quota.parse().ok();
@@ -81,8 +82,9 @@ pub(crate) trait Counters: Send + Sync {
     fn take(&self, key: &str, cost: u64) -> Result<(Decision, Receipt), CheckError>;
     /// Gives back a take.
     fn give_back(&self, key: &str, receipt: Receipt, cost: u64);
-    /// Moves every counter into `target`, a limiter of the same algorithm.
-    fn migrate_into(&self, target: &dyn Counters) -> Migrated;
+    /// Moves every counter into `target`, a limiter of the same algorithm, each under its
+    /// quota in `quotas` (the target's) from its next check on.
+    fn migrate_into(&self, target: &dyn Counters, quotas: &RuleQuotas) -> Migrated;
     /// The limiter's counters.
     fn metrics(&self) -> KeyedMetrics;
     fn as_any(&self) -> &dyn Any;
@@ -100,9 +102,9 @@ impl<A: Algorithm> Counters for Limiter<A> {
         KeyedLink::new(self, key).give_back(receipt, cost);
     }
 
-    fn migrate_into(&self, target: &dyn Counters) -> Migrated {
+    fn migrate_into(&self, target: &dyn Counters, quotas: &RuleQuotas) -> Migrated {
         match target.as_any().downcast_ref::<Self>() {
-            Some(target) => KeyedLimiter::migrate_into(self, target),
+            Some(target) => self.migrate_requoted(target, |key| quotas.quota_of(key)),
             None => Migrated::default(),
         }
     }

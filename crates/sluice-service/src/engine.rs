@@ -260,6 +260,8 @@ struct Generation {
     rules: RuleSet,
     /// The policies answers name, by rule.
     policies: HashMap<RuleId, FieldPolicy>,
+    /// The quotas of its rules, by counter key.
+    quotas: RuleQuotas,
     store: Store,
 }
 
@@ -433,14 +435,15 @@ impl Engine {
         Ok(Generation {
             rules,
             policies,
+            quotas,
             store,
         })
     }
 
     /// Replaces the rules. Every held counter stays with its count (in memory it moves into
-    /// the new generation; on Redis it never left); a counter whose rule's quota changed
-    /// takes the new quota at its next check, by the core's quota-change rule (what still
-    /// counts stays consumed, capped).
+    /// the new generation; on Redis it never left); a counter whose rule's quota changed is
+    /// decided on the new quota from its next check on, by the core's quota-change rule (what
+    /// still counts stays consumed, capped).
     ///
     /// # Errors
     /// A limiter could not be built, or (on Redis) a rule cannot be counted there; the
@@ -452,7 +455,7 @@ impl Engine {
         if let Store::Memory(counters) = &old.store {
             for (kind, counters) in counters {
                 if let Some(target) = next.memory(*kind) {
-                    let Migrated { moved, dropped, .. } = counters.migrate_into(target);
+                    let Migrated { moved, dropped, .. } = counters.migrate_into(target, &next.quotas);
                     reloaded.moved += moved;
                     reloaded.dropped += dropped;
                 }

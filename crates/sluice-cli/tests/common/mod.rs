@@ -36,7 +36,8 @@ impl TempDir {
     pub fn write(&self, name: &str, text: &str) -> PathBuf {
         let path = self.0.join(name);
         // Write then rename, as editors do, so the server never reads half a file.
-        let tmp = self.0.join(format!(".{name}.tmp"));
+        let file_name = path.file_name().unwrap().to_string_lossy();
+        let tmp = path.with_file_name(format!(".{file_name}.tmp"));
         std::fs::write(&tmp, text).unwrap();
         std::fs::rename(&tmp, &path).unwrap();
         path

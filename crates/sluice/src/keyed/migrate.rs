@@ -75,6 +75,42 @@ where
         S2: QuotaSource<K>,
         C2: Clock + 'static,
     {
+        self.migrate_requoted(target, |_| None)
+    }
+
+    /// As [`migrate_into`](Self::migrate_into), for a caller that knows some keys' new quotas
+    /// now: a key `quota_of` answers takes that quota in the target at once (its consumption
+    /// carried over to it, and no refresh due), instead of keeping its old quota until its
+    /// next check's refresh answers. Keys it does not answer move as `migrate_into` moves them.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{KeyedLimiter, StaticQuotas, TokenBucket};
+    /// let build = |q: &str| -> Result<_, Box<dyn std::error::Error>> {
+    ///     Ok(KeyedLimiter::<u64, _>::builder(TokenBucket, "10/s".parse()?)
+    ///         .source(StaticQuotas::from_iter([(7, q.parse()?)]))
+    ///         .build()?)
+    /// };
+    /// let running = build("5/h")?;
+    /// assert!(running.check_n(&7, 2)?.is_allowed());
+    /// let next = build("3/h")?;
+    /// let lowered = "3/h".parse()?;
+    /// running.migrate_requoted(&next, |key| (*key == 7).then_some(lowered));
+    /// // Its very next check is under 3/h, with the 2 units still used.
+    /// let decision = next.check(&7);
+    /// assert!(decision.is_allowed());
+    /// assert_eq!(decision.remaining(), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn migrate_requoted<S2, C2>(
+        &self,
+        target: &KeyedLimiter<K, A, S2, C2>,
+        quota_of: impl Fn(&K) -> Option<crate::Quota>,
+    ) -> Migrated
+    where
+        S2: QuotaSource<K>,
+        C2: Clock + 'static,
+    {
         let (from, to) = (&*self.inner, &*target.inner);
         if std::ptr::addr_eq(Arc::as_ptr(&self.inner), Arc::as_ptr(&target.inner)) {
             return Migrated::default();
@@ -112,7 +148,16 @@ where
                         continue;
                     }
                     let bits = *entry.meta.get_mut();
-                    let (limit, known) = quota_in_target(from, to, entry.limit, bits);
+                    let requoted =
+                        quota_of(&entry.key).and_then(|quota| to.book.book(&to.algorithm, quota).ok());
+                    let (limit, known, fetched) = match requoted {
+                        // Answered now: as if fetched this instant.
+                        Some(booked) => (booked, meta::KNOWN, new_now & !meta::LOW),
+                        None => {
+                            let (limit, known) = quota_in_target(from, to, entry.limit, bits);
+                            (limit, known, due)
+                        }
+                    };
                     let (shift, state) = succeed(
                         &from.algorithm,
                         &entry.limit.params,
@@ -126,7 +171,7 @@ where
                         // The state's time ahead of now is kept; the target's clock is read as
                         // the same (or the state counts as younger: never over-admits).
                         epoch: new_now.saturating_sub(since.saturating_sub(shift)),
-                        meta: AtomicU64::new((bits & meta::FREQUENCY).max(meta::ONE_USE) | known | due),
+                        meta: AtomicU64::new((bits & meta::FREQUENCY).max(meta::ONE_USE) | known | fetched),
                         state,
                     };
                     place.insert(None, hash, moved, hash_of);
@@ -238,6 +283,37 @@ mod tests {
         assert_eq!(next.quota_of(&1), Some(quota("1/h")));
         // 1 used, capped at 1: denied.
         assert!(!next.check(&1).is_allowed());
+    }
+
+    #[test]
+    fn a_requoted_key_is_decided_on_its_new_quota_at_once_and_no_refresh_is_due() {
+        let clock = ManualClock::new(0);
+        let build = |one: &str| {
+            KeyedLimiter::<u64, _>::builder(FixedWindow, quota("10/s"))
+                .source(StaticQuotas::from_iter([(1, quota(one)), (2, quota(one))]))
+                .refresh_every(Duration::from_secs(3600))
+                .clock(clock.clone())
+                .build()
+                .unwrap()
+        };
+        let running = build("3/h");
+        for key in [1, 2] {
+            assert!(running.check_n(&key, 2).unwrap().is_allowed());
+        }
+        let next = build("2/h");
+        let fetches = next.metrics().fetches;
+        // Key 1 is answered now; key 2 waits for its refresh.
+        let migrated = running.migrate_requoted(&next, |key| (*key == 1).then(|| quota("2/h")));
+        assert_eq!(migrated.moved, 2);
+        assert_eq!(next.quota_of(&1), Some(quota("2/h")));
+        assert_eq!(next.quota_of(&2), Some(quota("3/h")));
+        // 2 used of 2: key 1 is denied on its first check, with no fetch.
+        assert!(!next.check(&1).is_allowed());
+        assert_eq!(next.metrics().fetches, fetches, "no refresh for a requoted key");
+        // Key 2 is decided on its old quota once (1 left of 3), then refreshed.
+        assert!(next.check(&2).is_allowed());
+        assert_eq!(next.metrics().fetches, fetches + 1);
+        assert!(!next.check(&2).is_allowed());
     }
 
     #[test]
