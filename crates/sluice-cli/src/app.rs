@@ -1,31 +1,22 @@
 //! What answers requests: the limiter and the layer built from [`Settings`], and the
 //! `Hello World!` service behind them.
 
-use std::any::Any;
-use std::collections::HashMap;
 use std::convert::Infallible;
-use std::future::{Future, Ready, ready};
-use std::pin::Pin;
+use std::future::{Ready, ready};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
-use sluice::{
-    Algorithm, AlgorithmVisitor, FetchResult, KeyedBuildError, KeyedLimiter, Migrated, Quota, QuotaSource,
-};
-use sluice_http::{BuildError, LimitBackend, RateLimit, RateLimitLayer, RouteCosts, TrustedProxies};
-use tokio::runtime::Handle;
+use sluice_descriptors::{DomainRules, RuleSet};
+use sluice_http::{BuildError, RateLimit, RateLimitLayer, RouteCosts, TrustedProxies};
+use sluice_redis::{RedisOptions, RedisStore};
+use sluice_service::{CounterSettings, Engine, EngineSettings, LayerBackend, RedisCounters};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use sluice_redis::{RedisAlgorithm, RedisAlgorithmVisitor, RedisLimiter, RedisOptions, RedisStore};
-
 use crate::config::{LimiterSettings, RedisSettings, Settings};
-use crate::redis_backend::RedisBackend;
 
 /// The service behind the limiter: `200 Hello World!`.
 #[derive(Debug, Clone, Copy)]
@@ -48,10 +39,13 @@ impl<B> Service<Request<B>> for Hello {
 /// Why an app could not be built from checked settings.
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
-    /// The keyed limiter refused a setting (a quota its algorithm cannot hold, a refresh
-    /// period too long).
+    /// The engine refused a setting (a quota its algorithm cannot hold, a refresh period too
+    /// long, a quota Redis cannot hold).
     #[error(transparent)]
-    Limiter(#[from] KeyedBuildError),
+    Limiter(#[from] sluice_service::BuildError),
+    /// The accounts cannot be made into rules.
+    #[error("accounts: {0}")]
+    Accounts(#[from] sluice_descriptors::RulesError),
     /// The layer refused a setting.
     #[error(transparent)]
     Layer(#[from] BuildError),
@@ -69,33 +63,10 @@ pub enum AppError {
     },
 }
 
-/// Quotas by key, swapped whole when the config changes.
-type Accounts = Arc<ArcSwap<HashMap<String, Quota>>>;
-
-/// The limiter behind the layer, and the same limiter as an in-memory store whose keys a
-/// reload can move (none on Redis).
-struct Store {
-    backend: Arc<dyn LimitBackend>,
-    memory: Option<Arc<dyn InMemory>>,
-}
-
-/// An in-memory keyed limiter of some algorithm, seen through what a reload needs of it.
-trait InMemory: Send + Sync {
-    fn as_any(&self) -> &dyn Any;
-    /// Moves every held key into `target`; `None` if it is not a limiter of the same type.
-    fn migrate_into(&self, target: &dyn InMemory) -> Option<Migrated>;
-}
-
-impl<A: Algorithm> InMemory for KeyedLimiter<String, A, AccountsSource> {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn migrate_into(&self, target: &dyn InMemory) -> Option<Migrated> {
-        let target = target.as_any().downcast_ref::<Self>()?;
-        Some(KeyedLimiter::migrate_into(self, target))
-    }
-}
+/// The domain the accounts map becomes, and the descriptor key of each request's key in it.
+pub const ACCOUNTS_DOMAIN: &str = "accounts";
+/// See [`ACCOUNTS_DOMAIN`].
+pub const ACCOUNT_KEY: &str = "account";
 
 /// What a reload did with the limiter and the counts it holds.
 #[derive(Debug)]
@@ -107,7 +78,7 @@ pub enum Reloaded {
         /// The limiter settings that changed.
         changed: Vec<&'static str>,
         /// How many keys moved, and how many found no room.
-        migrated: Migrated,
+        migrated: sluice_service::Reloaded,
     },
     /// A new limiter on the same Redis keys: the counts live there and stay.
     Shared {
@@ -161,49 +132,60 @@ pub struct App {
     /// Whether requests need their peer address.
     pub needs_peer: bool,
     limiter_settings: LimiterSettings,
-    store: Store,
-    accounts: Accounts,
+    /// The engine deciding every request's key, on the accounts' rules.
+    engine: Arc<Engine>,
 }
 
 impl App {
-    /// A new app with a new limiter (connecting to Redis if the settings say so). Must run
+    /// A new app with a new engine (connecting to Redis if the settings say so). Must run
     /// inside a tokio runtime (fetches are spawned on it). `url_field` names where the Redis
     /// URL came from, for errors.
     pub async fn new(settings: &Settings, url_field: &'static str) -> Result<Self, AppError> {
-        let accounts: Accounts = Arc::new(ArcSwap::from_pointee(settings.accounts.clone()));
-        let store = match &settings.limiter.redis {
-            None => build_limiter(&settings.limiter, Arc::clone(&accounts))?,
-            Some(redis) => Store {
-                backend: build_redis_backend(&settings.limiter, redis, Arc::clone(&accounts))
-                    .await
-                    .map_err(|source| match source {
-                        RedisBackendError::NoUrl => AppError::NoRedisUrl,
-                        RedisBackendError::Redis(source) => AppError::Redis {
-                            // With no URL from either place, the config named a cluster.
-                            field: if redis.url.is_none() {
-                                "redis.cluster"
-                            } else {
-                                url_field
-                            },
-                            source,
+        let rules = accounts_rules(settings)?;
+        let engine_settings = engine_settings(&settings.limiter);
+        let engine = match &settings.limiter.redis {
+            None => Engine::new(rules, engine_settings)?,
+            Some(redis) => {
+                let store = connect_redis(redis).await.map_err(|source| match source {
+                    RedisBackendError::NoUrl => AppError::NoRedisUrl,
+                    RedisBackendError::Redis(source) => AppError::Redis {
+                        // With no URL from either place, the config named a cluster.
+                        field: if redis.url.is_none() {
+                            "redis.cluster"
+                        } else {
+                            url_field
                         },
-                    })?,
-                memory: None,
-            },
+                        source,
+                    },
+                })?;
+                let counters = RedisCounters {
+                    policy: redis.policy,
+                    hosts: redis.hosts,
+                    prefix: redis.prefix.clone(),
+                    ..RedisCounters::new(store)
+                };
+                let at = redis
+                    .url
+                    .clone()
+                    .unwrap_or_else(|| format!("cluster {}", redis.cluster.join(",")));
+                tracing::info!(redis = at, policy = %redis.policy, hosts = redis.hosts, "limits shared through Redis");
+                Engine::on_redis(rules, engine_settings, counters)?
+            }
         };
-        Self::with_store(settings, store, accounts)
+        Self::with_engine(settings, Arc::new(engine))
     }
 
     /// The app for changed settings, keeping every held count where it can:
-    /// - the limiter's own settings unchanged: the same limiter (new account quotas reach
-    ///   held keys at their next refresh, by the carry-over rule);
-    /// - in memory, with the same algorithm: a new limiter with the new settings takes every
+    /// - the limiter's own settings unchanged: the same engine on the new accounts' rules
+    ///   (a changed quota applies to held keys at once, by the carry-over rule);
+    /// - in memory, with the same algorithm: a new engine with the new settings takes every
     ///   held key with its count (its quota carried over where it changed);
     /// - on the same Redis keys (URL or cluster, prefix, algorithm): the counts are in Redis;
     /// - otherwise (another algorithm, another Redis, memory to Redis or back): afresh.
     ///
-    /// Nothing of the running app changes unless this returns `Ok`; after a migration the
-    /// running limiter denies the moved keys, so the returned app must be put in its place.
+    /// Nothing of the running app changes unless this returns `Ok`, except that the accounts'
+    /// new rules are in force when the limiter settings are unchanged; after a migration the
+    /// running engine denies the moved keys, so the returned app must be put in its place.
     pub async fn reload(
         &self,
         settings: &Settings,
@@ -211,12 +193,9 @@ impl App {
     ) -> Result<(Self, Reloaded), AppError> {
         let (old, new) = (&self.limiter_settings, &settings.limiter);
         if new == old {
-            let store = Store {
-                backend: Arc::clone(&self.store.backend),
-                memory: self.store.memory.clone(),
-            };
-            let app = Self::with_store(settings, store, Arc::clone(&self.accounts))?;
-            self.accounts.store(Arc::new(settings.accounts.clone()));
+            let app = Self::with_engine(settings, Arc::clone(&self.engine))?;
+            // Last, once nothing can fail.
+            self.engine.reload(accounts_rules(settings)?)?;
             return Ok((app, Reloaded::Kept));
         }
         let changed = old.changed(new);
@@ -227,20 +206,15 @@ impl App {
         let reloaded = match (&old.redis, &new.redis) {
             _ if old.algorithm != new.algorithm => afresh("another algorithm"),
             (None, None) => {
-                let accounts: Accounts = Arc::new(ArcSwap::from_pointee(settings.accounts.clone()));
-                let store = build_limiter(new, Arc::clone(&accounts))?;
-                let app = Self::with_store(settings, store, accounts)?;
-                // Last, once nothing can fail: the keys leave the running limiter.
-                let migrated = match (&self.store.memory, &app.store.memory) {
-                    (Some(running), Some(next)) => running.migrate_into(next.as_ref()),
-                    _ => None,
-                };
-                let reloaded = match migrated {
+                let engine = Engine::new(accounts_rules(settings)?, engine_settings(new))?;
+                let app = Self::with_engine(settings, Arc::new(engine))?;
+                // Last, once nothing can fail: the keys leave the running engine.
+                let reloaded = match self.engine.migrate_into(&app.engine) {
                     Some(migrated) => Reloaded::Migrated {
                         changed: changed.clone(),
                         migrated,
                     },
-                    None => afresh("the running limiter cannot hand its keys over"),
+                    None => afresh("the running engine cannot hand its keys over"),
                 };
                 return Ok((app, reloaded));
             }
@@ -256,8 +230,9 @@ impl App {
         Ok((Self::new(settings, url_field).await?, reloaded))
     }
 
-    fn with_store(settings: &Settings, store: Store, accounts: Accounts) -> Result<Self, AppError> {
-        let layer = RateLimitLayer::builder_shared(Arc::clone(&store.backend))
+    fn with_engine(settings: &Settings, engine: Arc<Engine>) -> Result<Self, AppError> {
+        let backend = LayerBackend::new(Arc::clone(&engine), ACCOUNTS_DOMAIN, ACCOUNT_KEY);
+        let layer = RateLimitLayer::builder(backend)
             .key(settings.key_parts.iter().cloned())
             .default_key(settings.default_key.clone())
             .max_key_len(settings.max_key_len)
@@ -272,48 +247,41 @@ impl App {
             needs_peer: layer.needs_peer_addr(),
             service: layer.layer(Hello),
             limiter_settings: settings.limiter.clone(),
-            store,
-            accounts,
+            engine,
         })
     }
 }
 
-fn build_limiter(settings: &LimiterSettings, accounts: Accounts) -> Result<Store, KeyedBuildError> {
-    /// The in-memory limiter of any algorithm.
-    struct Memory<'a>(&'a LimiterSettings, Accounts);
-    impl AlgorithmVisitor for Memory<'_> {
-        type Output = Result<Store, KeyedBuildError>;
-        fn visit<A: Algorithm>(self, algorithm: A) -> Self::Output {
-            keyed(algorithm, self.0, self.1)
-        }
-    }
-    settings.algorithm.visit(Memory(settings, accounts))
-}
-
-/// The quota fetch: a look-up in the accounts, after the simulated latency. A named type, so
-/// a reload can find its limiter's type again (`InMemory`).
-struct AccountsSource {
-    accounts: Accounts,
-    latency: Duration,
-}
-
-impl QuotaSource<String> for AccountsSource {
-    fn fetch(&self, key: &String) -> impl Future<Output = FetchResult> + Send + 'static {
-        let quota = self.accounts.load().get(key).copied();
-        let latency = self.latency;
-        async move {
-            if !latency.is_zero() {
-                tokio::time::sleep(latency).await;
-            }
-            FetchResult::Ok(quota)
-        }
-    }
-}
-
-fn source(settings: &LimiterSettings, accounts: Accounts) -> AccountsSource {
-    AccountsSource {
+/// The accounts map as rules of one domain: each account's quota for its own value of the
+/// request's key, and the unknown-key quota for every other value.
+fn accounts_rules(settings: &Settings) -> Result<RuleSet, sluice_descriptors::RulesError> {
+    let accounts = settings
+        .accounts
+        .iter()
+        .map(|(name, quota)| (name.clone(), *quota));
+    let domain = DomainRules::by_value(
+        ACCOUNTS_DOMAIN,
+        ACCOUNT_KEY,
         accounts,
-        latency: settings.fetch_latency,
+        Some(settings.limiter.unknown),
+    )?;
+    RuleSet::from_domains(vec![domain])
+}
+
+/// The engine's settings from the limiter's: the quota of a key not yet fetched is the
+/// failsafe one (and the pool), for the simulated fetch latency.
+fn engine_settings(limiter: &LimiterSettings) -> EngineSettings {
+    EngineSettings {
+        algorithm: limiter.algorithm,
+        counters: CounterSettings {
+            capacity: limiter.capacity,
+            failsafe: limiter.failsafe,
+            failsafe_pool: limiter.failsafe_pool,
+            fetch_latency: limiter.fetch_latency,
+            fetch_timeout: limiter.fetch_timeout,
+            refresh: limiter.refresh,
+        },
+        ..EngineSettings::default()
     }
 }
 
@@ -340,98 +308,4 @@ pub(crate) async fn connect_redis(redis: &RedisSettings) -> Result<RedisStore, R
         }
     }
     .map_err(RedisBackendError::Redis)
-}
-
-type Building<'a> =
-    Pin<Box<dyn Future<Output = Result<Arc<dyn LimitBackend>, RedisBackendError>> + Send + 'a>>;
-
-/// The Redis limiter of a scripted algorithm.
-struct OnRedis<'a> {
-    settings: &'a LimiterSettings,
-    redis: &'a RedisSettings,
-    accounts: Accounts,
-}
-
-impl<'a> RedisAlgorithmVisitor for OnRedis<'a> {
-    type Output = Building<'a>;
-    fn visit<A: RedisAlgorithm>(self, algorithm: A) -> Building<'a> {
-        Box::pin(redis_backend(algorithm, self.settings, self.redis, self.accounts))
-    }
-}
-
-async fn build_redis_backend(
-    settings: &LimiterSettings,
-    redis: &RedisSettings,
-    accounts: Accounts,
-) -> Result<Arc<dyn LimitBackend>, RedisBackendError> {
-    let on_redis = OnRedis {
-        settings,
-        redis,
-        accounts: Arc::clone(&accounts),
-    };
-    match sluice_redis::visit_scripted(settings.algorithm, on_redis) {
-        Ok(building) => building.await,
-        // Refused when the config is checked; kept in memory should a caller skip the check.
-        Err(_) => build_limiter(settings, accounts)
-            .map(|store| store.backend)
-            .map_err(|e| RedisBackendError::Redis(sluice_redis::Error::Keyed(e))),
-    }
-}
-
-async fn redis_backend<A: RedisAlgorithm>(
-    algorithm: A,
-    settings: &LimiterSettings,
-    redis: &RedisSettings,
-    accounts: Accounts,
-) -> Result<Arc<dyn LimitBackend>, RedisBackendError> {
-    let store = connect_redis(redis).await;
-    let limiter = RedisLimiter::builder(algorithm, settings.failsafe)
-        .source(source(settings, accounts))
-        .unknown_key_quota(settings.unknown)
-        .policy(redis.policy)
-        .hosts(redis.hosts)
-        .prefix(redis.prefix.clone())
-        .capacity(settings.capacity)
-        .refresh_every(settings.refresh);
-    let limiter = match settings.failsafe_pool {
-        Some(pool) => limiter.failsafe_pool(pool),
-        None => limiter,
-    }
-    .build(store?)
-    .map_err(RedisBackendError::Redis)?;
-    let at = redis
-        .url
-        .clone()
-        .unwrap_or_else(|| format!("cluster {}", redis.cluster.join(",")));
-    tracing::info!(redis = at, policy = %redis.policy, hosts = redis.hosts, "limits shared through Redis");
-    Ok(Arc::new(RedisBackend(limiter)))
-}
-
-fn keyed<A: Algorithm>(
-    algorithm: A,
-    settings: &LimiterSettings,
-    accounts: Accounts,
-) -> Result<Store, KeyedBuildError> {
-    let source = source(settings, accounts);
-    let runtime = Handle::current();
-    let builder = KeyedLimiter::builder(algorithm, settings.failsafe)
-        .capacity(settings.capacity)
-        .unknown_key_quota(settings.unknown)
-        .refresh_every(settings.refresh)
-        .fetch_timeout(settings.fetch_timeout)
-        .spawner(move |task| {
-            runtime.spawn(task);
-        })
-        .on_fetch_error(|key: &String, e| tracing::warn!(key = %key, "quota fetch failed: {e}"))
-        .source(source);
-    let limiter = match settings.failsafe_pool {
-        Some(pool) => builder.failsafe_pool(pool),
-        None => builder,
-    }
-    .build()?;
-    // Two handles on one limiter (a clone shares it).
-    Ok(Store {
-        backend: Arc::new(limiter.clone()),
-        memory: Some(Arc::new(limiter)),
-    })
 }

@@ -4,7 +4,6 @@
 mod app;
 mod connection;
 mod limits;
-mod redis_backend;
 mod server;
 mod service;
 

@@ -72,6 +72,7 @@ pub async fn start(
         fields: service.fields,
         counters: sluice_service::CounterSettings {
             capacity: settings.limiter.capacity,
+            ..sluice_service::CounterSettings::default()
         },
         ..EngineSettings::default()
     };

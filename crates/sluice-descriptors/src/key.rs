@@ -14,6 +14,12 @@ const ESCAPE: char = '\\';
 
 /// Appends `text`, escaping the separators and the escape itself.
 pub(crate) fn push_escaped(out: &mut String, text: &str) {
+    // The separators and the escape are ASCII, so a byte scan finds them; most text has none.
+    let special = |b: &u8| matches!(*b, 0x1c..=0x1f | b'\\');
+    if !text.as_bytes().iter().any(special) {
+        out.push_str(text);
+        return;
+    }
     for c in text.chars() {
         if matches!(c, PAIR | LEVEL | COUNTER | ESCAPE) {
             out.push(ESCAPE);
@@ -103,9 +109,10 @@ impl std::fmt::Display for RuleId {
     }
 }
 
-/// The counter of a request descriptor under `rule`: the rule's place and the request's own
+/// The counter of a request descriptor `rule` matched: the rule's place and the request's own
 /// entries, so each distinct value of a key-only or wildcard rule has its own counter, and no
-/// two (rule, entries) pairs share one.
+/// two (rule, entries) pairs share one. A rule with an exact value at every level
+/// ([`Rule::exact`]) matches one descriptor only, so its place alone is its counter.
 ///
 /// # Example
 /// ```
@@ -121,17 +128,38 @@ impl std::fmt::Display for RuleId {
 pub fn counter_key(rule: &Rule, entries: &[Entry<'_>]) -> String {
     let size: usize = entries.iter().map(|e| e.key.len() + e.value.len() + 2).sum();
     let mut key = String::with_capacity(rule.id.0.len() + 1 + size);
+    push_counter_key(&mut key, rule, entries);
+    key
+}
+
+/// Appends [`counter_key`]`(rule, entries)` to `key`: for a caller that keeps a buffer.
+///
+/// # Example
+/// ```
+/// use sluice_descriptors::{Entry, RuleSet, counter_key, push_counter_key};
+/// let rules = RuleSet::from_yaml("domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 1}\n")?;
+/// let alice = [Entry { key: "user", value: "alice" }];
+/// let rule = rules.find("d", &alice).unwrap();
+/// let mut key = String::from(">");
+/// push_counter_key(&mut key, rule, &alice);
+/// assert_eq!(key, format!(">{}", counter_key(rule, &alice)));
+/// # Ok::<(), sluice_descriptors::RulesError>(())
+/// ```
+pub fn push_counter_key(key: &mut String, rule: &Rule, entries: &[Entry<'_>]) {
     key.push_str(&rule.id.0);
     key.push(COUNTER);
+    // Every descriptor an exact rule matches is the same: its place names its one counter.
+    if rule.exact {
+        return;
+    }
     for (i, entry) in entries.iter().enumerate() {
         if i > 0 {
             key.push(LEVEL);
         }
-        push_escaped(&mut key, entry.key);
+        push_escaped(key, entry.key);
         key.push(PAIR);
-        push_escaped(&mut key, entry.value);
+        push_escaped(key, entry.value);
     }
-    key
 }
 
 /// The rule a counter key was made for.

@@ -53,6 +53,9 @@ pub struct Rule {
     pub shadow_mode: bool,
     /// Metrics per value wanted (kept; the service does not act on it).
     pub detailed_metric: bool,
+    /// Every level of its path is an exact value, so every descriptor it matches is the
+    /// same and one counter serves them all ([`crate::counter_key`] is then its place alone).
+    pub exact: bool,
 }
 
 type Map<V> = HashMap<String, V, RandomState>;
@@ -113,6 +116,98 @@ impl DomainRules {
     /// ```
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// One key's rules built in code rather than read from a file: a rule per exact value
+    /// (no value is read as a `prefix*`), and, with `others`, a key-only rule giving every
+    /// other value its own counter at that quota.
+    ///
+    /// # Errors
+    /// An empty or over-long domain, key or value, or more values than [`MAX_DESCRIPTORS`].
+    ///
+    /// # Example
+    /// ```
+    /// use sluice_descriptors::{DomainRules, Entry, Limit, RuleSet};
+    /// let values = [("alice".to_string(), "1/s".parse()?), ("b*".to_string(), "2/s".parse()?)];
+    /// let domain = DomainRules::by_value("accounts", "account", values, Some("5/min".parse()?))?;
+    /// let rules = RuleSet::from_domains(vec![domain])?;
+    /// let find = |value| rules.find("accounts", &[Entry { key: "account", value }]).map(|r| r.limit);
+    /// assert_eq!(find("alice"), Some(Limit::Quota("1/s".parse()?)));
+    /// assert_eq!(find("b*"), Some(Limit::Quota("2/s".parse()?)));
+    /// assert_eq!(find("bob"), Some(Limit::Quota("5/min".parse()?)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn by_value(
+        domain: &str,
+        key: &str,
+        values: impl IntoIterator<Item = (String, Quota)>,
+        others: Option<Quota>,
+    ) -> Result<Self, RulesError> {
+        let text = |field: &str, text: &str| {
+            if text.is_empty() {
+                Err(RulesError::new(field, "is empty"))
+            } else if text.len() > MAX_TEXT_BYTES {
+                Err(RulesError::new(
+                    field,
+                    format!("longer than {MAX_TEXT_BYTES} bytes"),
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        text("domain", domain)?;
+        text("key", key)?;
+        let parent = RuleId::domain(domain);
+        let rule = |id: RuleId, quota: Quota, exact: bool| Rule {
+            id,
+            limit: Limit::Quota(quota),
+            algorithm: None,
+            name: None,
+            replaces: Vec::new(),
+            shadow_mode: false,
+            detailed_metric: false,
+            exact,
+        };
+        let mut nodes = Vec::new();
+        let mut top = Level::default();
+        let mut add = |value: Option<String>, quota: Quota| {
+            if nodes.len() >= MAX_DESCRIPTORS {
+                return Err(RulesError::new(
+                    "descriptors",
+                    format!("more than {MAX_DESCRIPTORS} descriptors in one domain"),
+                ));
+            }
+            let index = nodes.len();
+            let id = parent.child(key, value.as_deref());
+            nodes.push(Node {
+                rule: Some(rule(id, quota, value.is_some())),
+                children: Level::default(),
+            });
+            match value {
+                Some(value) => {
+                    let values = top.exact.entry(key.to_owned()).or_default();
+                    if values.insert(value, index).is_some() {
+                        return Err(RulesError::new("descriptors", "a value is given twice"));
+                    }
+                }
+                None => {
+                    top.key_only.insert(key.to_owned(), index);
+                }
+            }
+            Ok(())
+        };
+        for (value, quota) in values {
+            text(&format!("value {value:?}"), &value)?;
+            add(Some(value), quota)?;
+        }
+        if let Some(quota) = others {
+            add(None, quota)?;
+        }
+        Ok(Self {
+            name: domain.to_owned(),
+            nodes,
+            top,
+        })
     }
 
     /// The rule for a request descriptor: the entries walked level by level; at each, an
@@ -186,7 +281,7 @@ fn compile(raw: RawDomain) -> Result<DomainRules, RulesError> {
         names: HashMap::new(),
         replacing: Vec::new(),
     };
-    let top = builder.level(&raw.descriptors, &RuleId::domain(&raw.domain), "", 1)?;
+    let top = builder.level(&raw.descriptors, &RuleId::domain(&raw.domain), "", 1, true)?;
     // Every name a rule replaces must be a limit of this domain.
     for (here, names) in &builder.replacing {
         for (i, name) in names.iter().enumerate() {
@@ -214,12 +309,14 @@ struct Builder {
 }
 
 impl Builder {
+    /// One level's descriptors under `parent`; `exact`: every level above is an exact value.
     fn level(
         &mut self,
         descriptors: &[RawDescriptor],
         parent: &RuleId,
         path: &str,
         depth: usize,
+        exact: bool,
     ) -> Result<Level, RulesError> {
         let mut level = Level::default();
         let mut seen = HashSet::new();
@@ -269,11 +366,12 @@ impl Builder {
                 ));
             }
             let id = parent.child(&raw.key, raw.value.as_deref());
+            let exact = exact && raw.value.as_deref().is_some_and(|value| !value.ends_with('*'));
             let rule = match &raw.rate_limit {
-                Some(limit) => Some(self.rule(limit, raw, &id, &here)?),
+                Some(limit) => Some(self.rule(limit, raw, &id, &here, exact)?),
                 None => None,
             };
-            let children = self.level(&raw.descriptors, &id, &here, depth + 1)?;
+            let children = self.level(&raw.descriptors, &id, &here, depth + 1, exact)?;
             let index = self.nodes.len();
             self.nodes.push(Node { rule, children });
             let key = raw.key.clone();
@@ -306,6 +404,7 @@ impl Builder {
         descriptor: &RawDescriptor,
         id: &RuleId,
         here: &str,
+        exact: bool,
     ) -> Result<Rule, RulesError> {
         let field = |name: &str| format!("{here}.rate_limit.{name}");
         let counted = raw.unit.is_some() || raw.requests_per_unit.is_some();
@@ -392,6 +491,7 @@ impl Builder {
             replaces,
             shadow_mode: descriptor.shadow_mode,
             detailed_metric: descriptor.detailed_metric,
+            exact,
         })
     }
 }

@@ -304,3 +304,50 @@ proptest! {
         prop_assert_eq!(named.as_ref(), Some(&rule.id));
     }
 }
+
+#[test]
+fn a_rule_exact_at_every_level_has_one_counter_and_one_under_a_key_only_level_has_many() {
+    let rules = RuleSet::from_yaml(
+        "domain: d
+descriptors:
+  - key: plan
+    value: gold
+    rate_limit: {quota: 1/s}
+    descriptors:
+      - key: path
+        value: /a
+        rate_limit: {quota: 2/s}
+  - key: user
+    descriptors:
+      - key: path
+        value: /a
+        rate_limit: {quota: 3/s}
+  - key: region
+    value: eu*
+    rate_limit: {quota: 4/s}
+",
+    )
+    .unwrap();
+    let key = |pairs: &[(&str, &str)]| {
+        let entries: Vec<Entry<'_>> = pairs.iter().map(|(key, value)| Entry { key, value }).collect();
+        let rule = rules.find("d", &entries).unwrap();
+        (rule.exact, counter_key(rule, &entries))
+    };
+    let (gold_exact, gold) = key(&[("plan", "gold")]);
+    let (nested_exact, nested) = key(&[("plan", "gold"), ("path", "/a")]);
+    assert!(gold_exact && nested_exact);
+    assert_ne!(gold, nested);
+    // Under a key-only level, each user's /a has its own counter.
+    let (alice_exact, alice) = key(&[("user", "alice"), ("path", "/a")]);
+    let (_, bob) = key(&[("user", "bob"), ("path", "/a")]);
+    assert!(!alice_exact);
+    assert_ne!(alice, bob);
+    // A prefix rule counts each matching value apart.
+    let (prefix_exact, eu1) = key(&[("region", "eu-1")]);
+    let (_, eu2) = key(&[("region", "eu-2")]);
+    assert!(!prefix_exact);
+    assert_ne!(eu1, eu2);
+    for counter in [&gold, &nested, &alice, &eu1] {
+        assert!(rule_of(counter).is_some(), "{counter:?}");
+    }
+}

@@ -14,7 +14,7 @@ use sluice::{
 use sluice_descriptors::{RuleId, rule_of};
 
 /// How a counter key starts: governed by its rule's quota, or by a quota the request set.
-const BY_RULE: char = 'r';
+pub(crate) const BY_RULE: char = 'r';
 const BY_OVERRIDE: char = 'o';
 /// Ends an override's quota text (which never holds it).
 const OVERRIDE_END: char = '\u{1d}';
@@ -33,13 +33,20 @@ pub(crate) fn override_counter(quota: Quota, counter_key: &str) -> String {
     format!("{BY_OVERRIDE}{quota}{OVERRIDE_END}{counter_key}")
 }
 
-/// The quotas of one generation of rules, by rule: what the limiters' source answers.
+/// The quotas of one generation of rules, by rule: what the limiters' source answers, after
+/// the simulated fetch latency if there is one.
 #[derive(Clone, Default)]
-pub(crate) struct RuleQuotas(Arc<HashMap<RuleId, Quota>>);
+pub(crate) struct RuleQuotas {
+    quotas: Arc<HashMap<RuleId, Quota>>,
+    latency: Duration,
+}
 
 impl RuleQuotas {
-    pub(crate) fn new(quotas: HashMap<RuleId, Quota>) -> Self {
-        Self(Arc::new(quotas))
+    pub(crate) fn new(quotas: HashMap<RuleId, Quota>, latency: Duration) -> Self {
+        Self {
+            quotas: Arc::new(quotas),
+            latency,
+        }
     }
 
     /// The quota of a counter key: its override's, or its rule's in this generation.
@@ -49,7 +56,7 @@ impl RuleQuotas {
             return quota.parse().ok();
         }
         let id = rule_of(key.strip_prefix(BY_RULE)?)?;
-        self.0.get(&id).copied()
+        self.quotas.get(&id).copied()
     }
 }
 
@@ -57,21 +64,50 @@ impl QuotaSource<String> for RuleQuotas {
     fn fetch(&self, key: &String) -> impl Future<Output = FetchResult> + Send + 'static {
         // A key of a rule no longer configured: the unknown-key quota (no check reaches it,
         // as every check finds its rule first).
-        std::future::ready(Ok(self.quota_of(key)))
+        let quota = self.quota_of(key);
+        let latency = self.latency;
+        // Without a latency this is ready at its first poll: the check that fetches it is
+        // decided on the rule's quota.
+        async move {
+            if !latency.is_zero() {
+                tokio::time::sleep(latency).await;
+            }
+            Ok(quota)
+        }
     }
 }
 
 /// How the engine's limiters are built.
-#[derive(Debug, Clone, Copy)]
+///
+/// The quota of a rule's counter is known at once, so the failsafe quota and pool govern a
+/// counter only while a simulated fetch latency runs (the demo's `fetch_latency`, seed 000's
+/// experiment): by default there is none and they never do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CounterSettings {
     /// The most counters held per algorithm (the keyed limiter's capacity).
     pub capacity: usize,
+    /// The quota of a new counter until its rule's quota is fetched.
+    pub failsafe: Quota,
+    /// The budget all new counters share until their quotas are fetched.
+    pub failsafe_pool: Option<Quota>,
+    /// How long a fetch of a counter's quota takes (simulated; zero for none).
+    pub fetch_latency: Duration,
+    /// The longest a fetch may take before the failsafe quota is kept.
+    pub fetch_timeout: Duration,
+    /// How often a held counter's quota is fetched again (a reload applies new quotas at
+    /// once in any case).
+    pub refresh: Duration,
 }
 
 impl Default for CounterSettings {
     fn default() -> Self {
         Self {
             capacity: sluice::DEFAULT_CAPACITY,
+            failsafe: Quota::deny_all(),
+            failsafe_pool: None,
+            fetch_latency: Duration::ZERO,
+            fetch_timeout: sluice::DEFAULT_FETCH_TIMEOUT,
+            refresh: Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -80,6 +116,10 @@ impl Default for CounterSettings {
 pub(crate) trait Counters: Send + Sync {
     /// Takes `cost` from `key`'s counter (0 peeks).
     fn take(&self, key: &str, cost: u64) -> Result<(Decision, Receipt), CheckError>;
+    /// Takes `cost` from `key`'s counter, with the quota it was decided on.
+    fn take_quoted(&self, key: &str, cost: u64) -> (Result<Decision, CheckError>, Quota);
+    /// The quota `key`'s counter is held under, if it is held.
+    fn quota_of(&self, key: &str) -> Option<Quota>;
     /// Gives back a take.
     fn give_back(&self, key: &str, receipt: Receipt, cost: u64);
     /// Moves every counter into `target`, a limiter of the same algorithm, each under its
@@ -96,6 +136,15 @@ impl<A: Algorithm> Counters for Limiter<A> {
     #[inline]
     fn take(&self, key: &str, cost: u64) -> Result<(Decision, Receipt), CheckError> {
         KeyedLink::new(self, key).take(cost)
+    }
+
+    #[inline]
+    fn take_quoted(&self, key: &str, cost: u64) -> (Result<Decision, CheckError>, Quota) {
+        self.check_n_quoted(key, cost)
+    }
+
+    fn quota_of(&self, key: &str) -> Option<Quota> {
+        KeyedLimiter::quota_of(self, key)
     }
 
     fn give_back(&self, key: &str, receipt: Receipt, cost: u64) {
@@ -128,15 +177,26 @@ pub(crate) fn build(
     impl AlgorithmVisitor for Build {
         type Output = Result<Arc<dyn Counters>, KeyedBuildError>;
         fn visit<A: Algorithm>(self, algorithm: A) -> Self::Output {
-            // Every key's quota is known at once, so the failsafe and unknown-key quotas
-            // only ever govern a key whose rule is gone: nothing is admitted for it.
-            let limiter: Limiter<A> = KeyedLimiter::builder(algorithm, Quota::deny_all())
+            // A key whose rule is gone gets the unknown-key quota: nothing is admitted for it
+            // (no check reaches it, as every check finds its rule first).
+            let settings = self.1;
+            let mut builder = KeyedLimiter::builder(algorithm, settings.failsafe)
                 .unknown_key_quota(Quota::deny_all())
-                .capacity(self.1.capacity)
-                // Rules change only by a reload, which makes every refresh due at once.
-                .refresh_every(Duration::from_secs(24 * 3600))
-                .source(self.0)
-                .build()?;
+                .capacity(settings.capacity)
+                .refresh_every(settings.refresh)
+                .fetch_timeout(settings.fetch_timeout)
+                .on_fetch_error(|key: &String, e| tracing::warn!(key = %key, "quota fetch failed: {e}"));
+            // A fetch that does not finish at its first poll (a simulated latency) runs on
+            // the runtime the engine is built in.
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                builder = builder.spawner(move |task| {
+                    runtime.spawn(task);
+                });
+            }
+            if let Some(pool) = settings.failsafe_pool {
+                builder = builder.failsafe_pool(pool);
+            }
+            let limiter: Limiter<A> = builder.source(self.0).build()?;
             Ok(Arc::new(limiter))
         }
     }

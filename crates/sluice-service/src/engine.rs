@@ -248,7 +248,7 @@ pub enum BuildError {
 }
 
 /// Where one generation's counters are.
-enum Store {
+pub(crate) enum Store {
     /// In this process, by algorithm.
     Memory(Vec<(AlgorithmKind, Arc<dyn Counters>)>),
     /// On Redis, by algorithm.
@@ -256,24 +256,24 @@ enum Store {
 }
 
 /// One generation of rules and the counters they are counted on.
-struct Generation {
-    rules: RuleSet,
+pub(crate) struct Generation {
+    pub(crate) rules: RuleSet,
     /// The policies answers name, by rule.
     policies: HashMap<RuleId, FieldPolicy>,
     /// The quotas of its rules, by counter key.
     quotas: RuleQuotas,
-    store: Store,
+    pub(crate) store: Store,
 }
 
 impl Generation {
-    fn memory(&self, kind: AlgorithmKind) -> Option<&dyn Counters> {
+    pub(crate) fn memory(&self, kind: AlgorithmKind) -> Option<&dyn Counters> {
         match &self.store {
             Store::Memory(counters) => counters.iter().find(|(k, _)| *k == kind).map(|(_, c)| &**c),
             Store::Redis(_) => None,
         }
     }
 
-    fn shared(&self, kind: AlgorithmKind) -> Option<&dyn SharedCounters> {
+    pub(crate) fn shared(&self, kind: AlgorithmKind) -> Option<&dyn SharedCounters> {
         match &self.store {
             Store::Redis(counters) => counters.iter().find(|(k, _)| *k == kind).map(|(_, c)| &**c),
             Store::Memory(_) => None,
@@ -325,8 +325,8 @@ struct Count {
 /// # Ok(()) }
 /// ```
 pub struct Engine {
-    current: ArcSwap<Generation>,
-    settings: EngineSettings,
+    pub(crate) current: ArcSwap<Generation>,
+    pub(crate) settings: EngineSettings,
     redis: Option<RedisCounters>,
 }
 
@@ -415,8 +415,7 @@ impl Engine {
                 kinds.push(kind);
             }
         }
-        let quotas = RuleQuotas::new(quotas);
-        let capacity = settings.counters.capacity;
+        let quotas = RuleQuotas::new(quotas, settings.counters.fetch_latency);
         let store = match redis {
             None => Store::Memory(
                 kinds
@@ -427,7 +426,12 @@ impl Engine {
             Some(redis) => Store::Redis(
                 kinds
                     .into_iter()
-                    .map(|kind| Ok((kind, shared::build(kind, quotas.clone(), redis, capacity)?)))
+                    .map(|kind| {
+                        Ok((
+                            kind,
+                            shared::build(kind, quotas.clone(), redis, settings.counters)?,
+                        ))
+                    })
                     .collect::<Result<_, sluice_redis::Error>>()
                     .map_err(|e| BuildError::RedisLimiter(Box::new(e)))?,
             ),
@@ -463,6 +467,44 @@ impl Engine {
         }
         self.current.store(Arc::new(next));
         Ok(reloaded)
+    }
+
+    /// Moves every counter held in memory into `target`, an engine of other settings (its
+    /// capacity, failsafe...) that takes this one's place: each keeps its count, under its
+    /// quota in `target`'s rules. `None` if either keeps its counters on Redis (they stay
+    /// there) or `target` has no limiter of an algorithm this one counts on.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice_descriptors::RuleSet;
+    /// use sluice_service::{CounterSettings, Engine, EngineSettings};
+    /// let rules = || RuleSet::from_yaml("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n");
+    /// let running = Engine::new(rules()?, EngineSettings::default())?;
+    /// let bigger = EngineSettings {
+    ///     counters: CounterSettings { capacity: 1_000_000, ..CounterSettings::default() },
+    ///     ..EngineSettings::default()
+    /// };
+    /// let next = Engine::new(rules()?, bigger)?;
+    /// assert_eq!(running.migrate_into(&next).map(|moved| moved.moved), Some(0));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn migrate_into(&self, target: &Engine) -> Option<Reloaded> {
+        let (from, to) = (self.current.load(), target.current.load());
+        let Store::Memory(counters) = &from.store else {
+            return None;
+        };
+        // Every pair found before anything moves: a move is whole or not at all.
+        let pairs: Vec<(&dyn Counters, &dyn Counters)> = counters
+            .iter()
+            .map(|(kind, counters)| Some((&**counters, to.memory(*kind)?)))
+            .collect::<Option<_>>()?;
+        let mut reloaded = Reloaded::default();
+        for (counters, target_counters) in pairs {
+            let Migrated { moved, dropped, .. } = counters.migrate_into(target_counters, &to.quotas);
+            reloaded.moved += moved;
+            reloaded.dropped += dropped;
+        }
+        Some(reloaded)
     }
 
     /// The rules in force.

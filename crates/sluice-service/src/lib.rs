@@ -9,6 +9,7 @@
 mod api;
 mod counters;
 mod engine;
+mod layer;
 pub mod proto;
 mod rls;
 mod shared;
@@ -19,5 +20,6 @@ pub use engine::{
     AppliedLimit, BuildError, CheckRequest, Code, Counting, DescriptorRequest, DescriptorStatus, Engine,
     EngineSettings, FieldSet, Reloaded, RequestBounds, RequestError, Verdict,
 };
+pub use layer::LayerBackend;
 pub use rls::{MAX_MESSAGE_BYTES, RateLimitService, SHOULD_RATE_LIMIT};
 pub use shared::RedisCounters;

@@ -11,7 +11,7 @@ use std::pin::Pin;
 use sluice::{AlgorithmKind, Decision, Quota};
 use sluice_redis::{FailurePolicy, RedisAlgorithm, RedisAlgorithmVisitor, RedisLimiter, RedisStore};
 
-use crate::counters::RuleQuotas;
+use crate::counters::{CounterSettings, RuleQuotas};
 
 /// Where and how the engine's counters are kept on Redis.
 ///
@@ -71,11 +71,17 @@ pub(crate) trait SharedCounters: Send + Sync {
     /// Takes `cost` from `key`'s counter if all of it fits (0 peeks): the failure policy
     /// answers while Redis does not.
     fn take<'a>(&'a self, key: &'a str, cost: u64) -> Take<'a>;
+    /// The quota `key` is governed by now.
+    fn quota_of(&self, key: &str) -> Quota;
 }
 
 impl<A: RedisAlgorithm> SharedCounters for RedisLimiter<A, RuleQuotas> {
     fn take<'a>(&'a self, key: &'a str, cost: u64) -> Take<'a> {
         Box::pin(self.check_n(key, cost))
+    }
+
+    fn quota_of(&self, key: &str) -> Quota {
+        RedisLimiter::quota_of(self, key)
     }
 }
 
@@ -84,26 +90,28 @@ pub(crate) fn build(
     kind: AlgorithmKind,
     quotas: RuleQuotas,
     redis: &RedisCounters,
-    capacity: usize,
+    settings: CounterSettings,
 ) -> Result<std::sync::Arc<dyn SharedCounters>, sluice_redis::Error> {
-    struct Build<'a>(RuleQuotas, &'a RedisCounters, usize);
+    struct Build<'a>(RuleQuotas, &'a RedisCounters, CounterSettings);
     impl RedisAlgorithmVisitor for Build<'_> {
         type Output = Result<std::sync::Arc<dyn SharedCounters>, sluice_redis::Error>;
         fn visit<A: RedisAlgorithm>(self, algorithm: A) -> Self::Output {
-            let Build(quotas, redis, capacity) = self;
-            // As in memory: every key's quota is known at once, so the failsafe and
-            // unknown-key quotas govern only a key whose rule is gone.
-            let limiter = RedisLimiter::builder(algorithm, Quota::deny_all())
+            let Build(quotas, redis, settings) = self;
+            // As in memory: a key whose rule is gone is admitted nothing.
+            let builder = RedisLimiter::builder(algorithm, settings.failsafe)
                 .source(quotas)
                 .unknown_key_quota(Quota::deny_all())
                 .policy(redis.policy)
                 .hosts(redis.hosts)
                 .prefix(redis.prefix.clone())
-                .capacity(capacity)
-                .refresh_every(std::time::Duration::from_secs(24 * 3600))
-                .build(redis.store.clone())?;
-            Ok(std::sync::Arc::new(limiter))
+                .capacity(settings.capacity)
+                .refresh_every(settings.refresh);
+            let builder = match settings.failsafe_pool {
+                Some(pool) => builder.failsafe_pool(pool),
+                None => builder,
+            };
+            Ok(std::sync::Arc::new(builder.build(redis.store.clone())?))
         }
     }
-    sluice_redis::visit_scripted(kind, Build(quotas, redis, capacity))?
+    sluice_redis::visit_scripted(kind, Build(quotas, redis, settings))?
 }

@@ -1,0 +1,159 @@
+//! The engine behind sluice's HTTP layer: each request's key is one descriptor of one domain
+//! (`[(entry_key, key)]`), decided on the same rules and counters as the service's requests.
+
+use std::sync::Arc;
+
+use sluice::{CheckError, Decision, Quota};
+use sluice_descriptors::{Entry, Limit, Rule, push_counter_key};
+use sluice_http::{CheckFuture, LimitBackend};
+
+use crate::counters::BY_RULE;
+use crate::engine::{Engine, Generation, Store};
+
+/// How long a request is told to wait when Redis cannot decide its limit at all.
+const UNDECIDED_RETRY_NS: u64 = 1_000_000_000;
+
+/// An [`Engine`] as the HTTP layer's [`LimitBackend`]: the layer's key for a request is the
+/// value of the descriptor `[(entry_key, key)]` in `domain`. A key no rule limits is admitted
+/// (and has no quota to report).
+///
+/// # Example
+/// ```
+/// use std::sync::Arc;
+/// use sluice_descriptors::{DomainRules, RuleSet};
+/// use sluice_http::LimitBackend;
+/// use sluice_service::{Engine, EngineSettings, LayerBackend};
+/// let accounts = DomainRules::by_value("accounts", "account", [("alice".into(), "1/h".parse()?)], None)?;
+/// let engine = Arc::new(Engine::new(RuleSet::from_domains(vec![accounts])?, EngineSettings::default())?);
+/// let backend = LayerBackend::new(engine, "accounts", "account");
+/// let first = backend.check("alice", 1).into_ready().ok().unwrap()?;
+/// assert!(first.is_allowed());
+/// assert!(!backend.check("alice", 1).into_ready().ok().unwrap()?.is_allowed());
+/// assert!(backend.check("bob", 1).into_ready().ok().unwrap()?.is_allowed());
+/// assert_eq!(backend.quota("alice"), Some("1/h".parse()?));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct LayerBackend {
+    engine: Arc<Engine>,
+    domain: String,
+    entry_key: String,
+}
+
+impl LayerBackend {
+    /// The layer's keys as values of `entry_key` in `domain`, decided by `engine`.
+    pub fn new(engine: Arc<Engine>, domain: impl Into<String>, entry_key: impl Into<String>) -> Self {
+        Self {
+            engine,
+            domain: domain.into(),
+            entry_key: entry_key.into(),
+        }
+    }
+
+    /// The engine deciding.
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    /// The rule limiting `key` in `generation`, with its counter's key written in `counter`
+    /// (emptied first).
+    fn place<'g>(&self, generation: &'g Generation, key: &str, counter: &mut String) -> Option<&'g Rule> {
+        let entries = [Entry {
+            key: &self.entry_key,
+            value: key,
+        }];
+        let rule = generation.rules.find(&self.domain, &entries)?;
+        if rule.limit == Limit::Unlimited {
+            return None;
+        }
+        counter.clear();
+        counter.push(BY_RULE);
+        push_counter_key(counter, rule, &entries);
+        Some(rule)
+    }
+
+    /// Runs `f` with this thread's counter-key buffer: a check in memory allocates no key.
+    fn with_buffer<T>(f: impl FnOnce(&mut String) -> T) -> T {
+        thread_local! {
+            static COUNTER: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+        }
+        COUNTER.with(|buffer| match buffer.try_borrow_mut() {
+            Ok(mut buffer) => f(&mut buffer),
+            // Only if a check ran inside another on this thread: a buffer of its own.
+            Err(_) => f(&mut String::new()),
+        })
+    }
+}
+
+/// The decision for a key no rule limits.
+fn unlimited() -> Decision {
+    Decision::allowed(u64::MAX, u64::MAX, 0)
+}
+
+impl LimitBackend for LayerBackend {
+    fn check(&self, key: &str, cost: u64) -> CheckFuture {
+        self.check_quoted(key, cost).0
+    }
+
+    fn quota(&self, key: &str) -> Option<Quota> {
+        let generation = self.engine.current.load();
+        Self::with_buffer(|counter| {
+            let rule = self.place(&generation, key, counter)?;
+            let kind = rule.algorithm.unwrap_or(self.engine.settings.algorithm);
+            match &generation.store {
+                Store::Memory(_) => generation.memory(kind)?.quota_of(counter),
+                Store::Redis(_) => Some(generation.shared(kind)?.quota_of(counter)),
+            }
+        })
+    }
+
+    fn check_quoted(&self, key: &str, cost: u64) -> (CheckFuture, Option<Quota>) {
+        let generation = self.engine.current.load();
+        Self::with_buffer(|counter| {
+            let Some(rule) = self.place(&generation, key, counter) else {
+                return (CheckFuture::ready(Ok(unlimited())), None);
+            };
+            let kind = rule.algorithm.unwrap_or(self.engine.settings.algorithm);
+            match &generation.store {
+                Store::Memory(_) => match generation.memory(kind) {
+                    Some(counters) => {
+                        let (answer, quota) = counters.take_quoted(counter, cost);
+                        (CheckFuture::ready(answer), Some(quota))
+                    }
+                    None => (CheckFuture::ready(Ok(unlimited())), None),
+                },
+                Store::Redis(_) => {
+                    let quota = generation.shared(kind).map(|shared| shared.quota_of(counter));
+                    let counter = counter.clone();
+                    let generation = arc_swap::Guard::into_inner(generation);
+                    (
+                        CheckFuture::pending(on_redis(generation, kind, counter, cost)),
+                        quota,
+                    )
+                }
+            }
+        })
+    }
+}
+
+/// A check of the layer's on Redis.
+async fn on_redis(
+    generation: Arc<Generation>,
+    kind: sluice::AlgorithmKind,
+    counter: String,
+    cost: u64,
+) -> Result<Decision, CheckError> {
+    let Some(shared) = generation.shared(kind) else {
+        return Ok(unlimited());
+    };
+    match shared.take(&counter, cost).await {
+        Ok(decision) => Ok(decision),
+        Err(sluice_redis::Error::Check(e)) => Err(e),
+        // Not an outage (the failure policy answers those) but a quota Redis cannot hold
+        // exactly: deny, and say why in the log.
+        Err(e) => {
+            tracing::error!(key = counter, "cannot decide on Redis: {e}; denying");
+            Ok(Decision::denied(0, 0, 0, UNDECIDED_RETRY_NS))
+        }
+    }
+}
