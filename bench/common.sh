@@ -81,3 +81,17 @@ valgrind_totals() { # tool command...
 event() { # totals_line event
   tr ' ' '\n' <<<"$1" | awk -F= -v e="$2" '$1 == e {print $2}'
 }
+
+# CPU time the processes (a space-separated list) have used, in clock ticks (user + system):
+# a server's cost per request, which other load on the machine disturbs far less than its
+# throughput.
+ticks() { # pids
+  local pid total=0
+  for pid in $1; do total=$((total + $(awk '{print $14 + $15}' "/proc/$pid/stat"))); done
+  echo "$total"
+}
+
+# The median of the numbers on stdin, one per line.
+median() {
+  sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'
+}

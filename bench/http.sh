@@ -102,14 +102,6 @@ nginx_master=$!
 for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$NGINX_PORT/" && break; sleep 0.1; done
 nginx_workers_pids=$(pgrep -P "$nginx_master" | tr '\n' ' ')
 
-# CPU time the processes (a space-separated list) have used, in clock ticks (user + system):
-# the server's cost per request, which other load on the machine disturbs far less than its
-# throughput.
-ticks() {
-  local pid total=0
-  for pid in $1; do total=$((total + $(awk '{print $14 + $15}' "/proc/$pid/stat"))); done
-  echo "$total"
-}
 HZ=$(getconf CLK_TCK)
 
 cases=(
@@ -143,7 +135,6 @@ for round in $(seq "$ROUNDS"); do
   done
 done
 
-median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 # Ratios are taken within each round (the runs minutes apart see different load from other
 # processes on the machine), then the median over rounds is reported.
 ratios() {

@@ -186,9 +186,10 @@ async fn check(
             "the body must be JSON, with content-type: application/json".into(),
         );
     }
-    let parsed: CheckBody = {
-        let mut reader = serde_json::Deserializer::from_slice(&body);
-        match serde_path_to_error::deserialize(&mut reader) {
+    let parsed: CheckBody = match serde_json::from_slice(&body) {
+        Ok(parsed) => parsed,
+        // Read again, slowly, only to name where it went wrong.
+        Err(_) => match serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&body)) {
             Ok(parsed) => parsed,
             Err(e) => {
                 let path = e.path().to_string();
@@ -199,7 +200,7 @@ async fn check(
                 };
                 return problem(StatusCode::BAD_REQUEST, "Malformed check request", detail);
             }
-        }
+        },
     };
     let peek = parsed.peek || asks_peek(&uri);
     let request = match to_request(parsed) {
@@ -267,12 +268,33 @@ fn millis(duration: std::time::Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// A quota's text: formatted once per thread while answers keep naming the same quota (a
+/// hot rule's), as formatting costs more than the rest of a status.
+fn quota_text(quota: sluice::Quota) -> String {
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<(sluice::Quota, String)>> = const { std::cell::RefCell::new(None) };
+    }
+    LAST.with(|last| {
+        let Ok(mut last) = last.try_borrow_mut() else {
+            return quota.to_string();
+        };
+        match &*last {
+            Some((held, text)) if *held == quota => text.clone(),
+            _ => {
+                let text = quota.to_string();
+                *last = Some((quota, text.clone()));
+                text
+            }
+        }
+    })
+}
+
 fn status_body(status: &DescriptorStatus) -> StatusBody {
     StatusBody {
         code: code_text(status.code),
         current_limit: status.limit.as_ref().map(|limit| LimitBody {
             name: limit.name.clone(),
-            quota: limit.quota.to_string(),
+            quota: quota_text(limit.quota),
             shadow_mode: limit.shadow,
         }),
         limit_remaining: status.remaining,

@@ -28,17 +28,20 @@ pub enum Counting {
     Independent,
 }
 
-/// Which rate-limit fields an answer carries for the client.
+/// Which rate-limit fields an answer carries for the client. None by default, as in envoy's
+/// own service: Envoy's rate-limit filter writes the draft's fields itself from the statuses
+/// (`enable_x_ratelimit_headers`), so an answer's fields are for callers that want them
+/// written for them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum FieldSet {
     /// None.
+    #[default]
     None,
     /// The IETF draft's `RateLimit-Policy` and `RateLimit`, and `Retry-After` on a denial.
     Draft,
     /// `X-RateLimit-Limit`, `-Remaining`, `-Reset`, and `Retry-After` on a denial.
     Legacy,
     /// Both.
-    #[default]
     All,
 }
 
@@ -700,9 +703,10 @@ impl Engine {
 
     fn validate(&self, request: &CheckRequest) -> Result<(), RequestError> {
         let bounds = self.settings.bounds;
-        let long = |field: String, text: &str| {
-            (text.len() > bounds.text_bytes).then_some(RequestError::TooLong {
-                field,
+        // The field is named only for a text too long: most requests name none.
+        let long = |field: &dyn Fn() -> String, text: &str| {
+            (text.len() > bounds.text_bytes).then(|| RequestError::TooLong {
+                field: field(),
                 len: text.len(),
                 max: bounds.text_bytes,
             })
@@ -710,7 +714,7 @@ impl Engine {
         if request.domain.is_empty() {
             return Err(RequestError::NoDomain);
         }
-        if let Some(e) = long("domain".into(), &request.domain) {
+        if let Some(e) = long(&|| "domain".into(), &request.domain) {
             return Err(e);
         }
         let count = request.descriptors.len();
@@ -733,8 +737,8 @@ impl Engine {
                 });
             }
             for (i, (key, value)) in descriptor.entries.iter().enumerate() {
-                if let Some(e) = long(format!("descriptors[{index}].entries[{i}].key"), key)
-                    .or_else(|| long(format!("descriptors[{index}].entries[{i}].value"), value))
+                if let Some(e) = long(&|| format!("descriptors[{index}].entries[{i}].key"), key)
+                    .or_else(|| long(&|| format!("descriptors[{index}].entries[{i}].value"), value))
                 {
                     return Err(e);
                 }

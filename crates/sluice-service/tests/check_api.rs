@@ -74,6 +74,8 @@ async fn checks_count_and_a_peek_does_not() {
         body.contains(r#""overall_code":"OVER_LIMIT""#) && body.contains("retry_after_ms"),
         "{body}"
     );
+    // By default an answer writes no rate-limit fields for the caller.
+    assert!(!body.contains("headers"), "{body}");
 }
 
 #[tokio::test]

@@ -13,7 +13,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
 use sluice_descriptors::RuleSet;
-use sluice_service::{Counting, Engine, EngineSettings, RateLimitService};
+use sluice_service::{Counting, Engine, EngineSettings, FieldSet, RateLimitService};
 use tonic::transport::Channel;
 
 const RULES: &str = r#"
@@ -45,6 +45,7 @@ async fn serve(counting: Counting) -> RateLimitServiceClient<Channel> {
     let rules = RuleSet::from_yaml(RULES).unwrap();
     let settings = EngineSettings {
         counting,
+        fields: FieldSet::All,
         ..EngineSettings::default()
     };
     let engine = Arc::new(Engine::new(rules, settings).unwrap());
