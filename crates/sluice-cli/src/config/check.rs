@@ -152,8 +152,22 @@ impl RawConfig {
             }
         };
         let mut accounts = HashMap::with_capacity(self.accounts.len());
+        // The accounts become rules of one domain: as many as a domain holds.
+        if self.accounts.len() > sluice_descriptors::MAX_DESCRIPTORS {
+            return Err(error(
+                "accounts",
+                format!(
+                    "{} accounts, at most {}",
+                    self.accounts.len(),
+                    sluice_descriptors::MAX_DESCRIPTORS
+                ),
+            ));
+        }
         for (name, text) in &self.accounts {
             let field = format!("accounts.{name}");
+            if name.is_empty() {
+                return Err(error("accounts", "an account's name is empty"));
+            }
             too_long(field.clone(), name)?;
             let mut q = quota(&field, text)?;
             let burst = self.burst.filter(|_| !text.contains("burst") && !q.is_deny_all());

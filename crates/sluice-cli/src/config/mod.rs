@@ -335,6 +335,7 @@ mod tests {
             ("accounts: {a: 1/s\nlisten: x\n", "accounts (line 2 column 7)"),
             ("[1, 2]\n", "line 1 column 1"),
             ("accounts: [1/s]\n", "accounts"),
+            ("accounts:\n  \"\": 1/s\n", "accounts"),
             ("key:\n  from: [cookie]\n", "key.from[0]"),
             ("key:\n  frm: []\n", "key.frm"),
             ("capacity: lots\n", "capacity"),
