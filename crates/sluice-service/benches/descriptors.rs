@@ -114,15 +114,23 @@ fn hot(c: &mut Criterion) {
         assert!(sluice_admits(&engine, &request));
         assert!(limitador_admits(&limiter, &ctx));
     }
-    group.bench_function("sluice", |b| b.iter(|| sluice_admits(&engine, black_box(&request))));
-    group.bench_function("limitador", |b| b.iter(|| limitador_admits(&limiter, black_box(&ctx))));
+    group.bench_function("sluice", |b| {
+        b.iter(|| sluice_admits(&engine, black_box(&request)))
+    });
+    group.bench_function("limitador", |b| {
+        b.iter(|| limitador_admits(&limiter, black_box(&ctx)))
+    });
     group.finish();
 }
 
 fn distinct_1m(c: &mut Criterion) {
     let mut group = c.benchmark_group("distinct_1m");
     // criterion's test mode (`cargo test --benches`) runs each bench once: fewer values.
-    let values = if std::env::args().any(|arg| arg == "--bench") { VALUES } else { 1000 };
+    let values = if std::env::args().any(|arg| arg == "--bench") {
+        VALUES
+    } else {
+        1000
+    };
     let engine = engine();
     let limiter = limitador();
     for value in 0..values {
