@@ -688,7 +688,16 @@ impl Engine {
             for (count, look) in looked {
                 let index = count.index;
                 statuses[index] = match look {
-                    Some(look) => limited(look, count.limit),
+                    // What a take would have said: over, if the look leaves less than the cost
+                    // (a shadow limit, which never decides).
+                    Some(look) => {
+                        let over = look.remaining() < count.cost;
+                        let mut status = limited(look, count.limit);
+                        if over {
+                            status.code = Code::OverLimit;
+                        }
+                        status
+                    }
                     None => never_fits(count.limit),
                 };
             }

@@ -119,6 +119,11 @@ async fn shadow_rules_count_and_admit_and_a_request_limit_has_its_own_counter() 
     }
     assert_eq!(engine.check(&own, false).await.unwrap().overall, Code::OverLimit);
     assert_eq!(remaining(&engine, &[("user", "u3")]).await, [4]);
+    // A request denied by another limit still says its spent shadow limit is over.
+    assert_eq!(codes(&engine, &[("path", "/a")]).await.0, Code::Ok);
+    let (overall, statuses) = codes(&engine, &[("trial", "t"), ("path", "/a")]).await;
+    assert_eq!(overall, Code::OverLimit);
+    assert_eq!((statuses[0].0, statuses[1].0), (Code::OverLimit, Code::OverLimit));
 }
 
 #[tokio::test]
