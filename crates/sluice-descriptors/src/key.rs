@@ -40,7 +40,7 @@ pub(crate) fn push_escaped(out: &mut String, text: &str) {
 /// # Ok::<(), sluice_descriptors::RulesError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RuleId(String);
+pub struct RuleId(std::sync::Arc<str>);
 
 impl RuleId {
     /// Its text.
@@ -50,14 +50,14 @@ impl RuleId {
 
     /// The id whose text is `text` (as [`RuleId::as_str`] gave it).
     pub fn from_string(text: String) -> Self {
-        Self(text)
+        Self(text.into())
     }
 
     /// The id of the domain's top level.
     pub(crate) fn domain(name: &str) -> Self {
         let mut text = String::with_capacity(name.len());
         push_escaped(&mut text, name);
-        Self(text)
+        Self(text.into())
     }
 
     /// The id of a child of this place.
@@ -70,7 +70,7 @@ impl RuleId {
             text.push(PAIR);
             push_escaped(&mut text, value);
         }
-        Self(text)
+        Self(text.into())
     }
 }
 
@@ -176,7 +176,7 @@ pub fn rule_of(counter_key: &str) -> Option<RuleId> {
         } else if c == ESCAPE {
             escaped = true;
         } else if c == COUNTER {
-            return Some(RuleId(counter_key[..at].to_owned()));
+            return Some(RuleId(counter_key[..at].into()));
         }
     }
     None

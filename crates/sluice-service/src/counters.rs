@@ -11,26 +11,28 @@ use sluice::{
     Algorithm, AlgorithmKind, AlgorithmVisitor, CheckError, Decision, FetchResult, KeyedBuildError,
     KeyedLimiter, KeyedLink, KeyedMetrics, Link, Migrated, Quota, QuotaSource, Receipt,
 };
-use sluice_descriptors::{RuleId, rule_of};
+use sluice_descriptors::{Entry, Rule, RuleId, push_counter_key, rule_of};
 
 /// How a counter key starts: governed by its rule's quota, or by a quota the request set.
-pub(crate) const BY_RULE: char = 'r';
+const BY_RULE: char = 'r';
 const BY_OVERRIDE: char = 'o';
 /// Ends an override's quota text (which never holds it).
 const OVERRIDE_END: char = '\u{1d}';
 
-/// The key of a counter governed by its rule's quota.
-pub(crate) fn rule_counter(counter_key: &str) -> String {
-    let mut key = String::with_capacity(1 + counter_key.len());
-    key.push(BY_RULE);
-    key.push_str(counter_key);
-    key
-}
-
-/// The key of a counter governed by a quota the request set for it: another counter than the
-/// rule's own, so an override never spends the configured limit.
-pub(crate) fn override_counter(quota: Quota, counter_key: &str) -> String {
-    format!("{BY_OVERRIDE}{quota}{OVERRIDE_END}{counter_key}")
+/// The key of the counter of `entries` under `rule`: governed by the rule's quota, or with
+/// `quota`, by a quota the request set for it (another counter than the rule's own, so an
+/// override never spends the configured limit). Written into `key` (emptied first).
+pub(crate) fn write_counter(key: &mut String, rule: &Rule, entries: &[Entry<'_>], quota: Option<Quota>) {
+    use std::fmt::Write;
+    key.clear();
+    match quota {
+        None => key.push(BY_RULE),
+        Some(quota) => {
+            // Writing to a String cannot fail.
+            let _ = write!(key, "{BY_OVERRIDE}{quota}{OVERRIDE_END}");
+        }
+    }
+    push_counter_key(key, rule, entries);
 }
 
 /// The quotas of one generation of rules, by rule: what the limiters' source answers, after

@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use sluice::{AlgorithmKind, CheckError, Decision, KeyedBuildError, Migrated, Quota, Receipt};
-use sluice_descriptors::{Entry, Limit, Rule, RuleId, RuleSet, counter_key};
+use sluice_descriptors::{Entry, Limit, Rule, RuleId, RuleSet};
 use sluice_http::FieldPolicy;
 
-use crate::counters::{self, CounterSettings, Counters, RuleQuotas, override_counter, rule_counter};
+use crate::counters::{self, CounterSettings, Counters, RuleQuotas, write_counter};
 use crate::shared::{self, RedisCounters, SharedCounters};
 
 /// How one request's descriptors are counted.
@@ -581,11 +581,8 @@ impl Engine {
             if !generation.has(kind) {
                 continue;
             }
-            let place = counter_key(rule, entries);
-            let key = match descriptor.limit {
-                Some(quota) => override_counter(quota, &place),
-                None => rule_counter(&place),
-            };
+            let mut key = String::new();
+            write_counter(&mut key, rule, entries, descriptor.limit);
             let cost = if peek {
                 0
             } else {

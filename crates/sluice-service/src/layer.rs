@@ -4,10 +4,10 @@
 use std::sync::Arc;
 
 use sluice::{CheckError, Decision, Quota};
-use sluice_descriptors::{Entry, Limit, Rule, push_counter_key};
+use sluice_descriptors::{Entry, Limit, Rule};
 use sluice_http::{CheckFuture, LimitBackend};
 
-use crate::counters::BY_RULE;
+use crate::counters::write_counter;
 use crate::engine::{Engine, Generation, Store};
 
 /// How long a request is told to wait when Redis cannot decide its limit at all.
@@ -66,9 +66,7 @@ impl LayerBackend {
         if rule.limit == Limit::Unlimited {
             return None;
         }
-        counter.clear();
-        counter.push(BY_RULE);
-        push_counter_key(counter, rule, &entries);
+        write_counter(counter, rule, &entries, None);
         Some(rule)
     }
 
