@@ -6,8 +6,9 @@
 //! (who, when, before, after). A domain's revision is that of its last change: its `ETag`, so
 //! a write can name the revision it read and be refused if another came between.
 //!
-//! [`SqliteStore`] is the embedded store (one file, WAL). The store is the base of the rules
-//! service and of the retriever that polls it; neither is built yet.
+//! [`SqliteStore`] is the embedded store (one file, WAL). [`RulesApi`] serves it over HTTP
+//! (JSON, `ETag`/`If-Match`, bearer [`Tokens`] with a scope); the retriever that polls it from
+//! every host is not built yet.
 //!
 //! ```
 //! use sluice_rules::{RuleStore, SqliteStore};
@@ -24,9 +25,13 @@
 
 #![warn(missing_docs)]
 
+mod api;
 mod sqlite;
+mod tokens;
 
+pub use api::{MAX_RULES_BYTES, RulesApi};
 pub use sqlite::SqliteStore;
+pub use tokens::{Caller, Scope, Tokens, TokensError};
 
 use sluice_descriptors::RulesError;
 
@@ -162,6 +167,12 @@ pub trait RuleStore {
     /// # Errors
     /// No such domain, a stale `if_match`, the database failed.
     fn delete(&self, domain: &str, if_match: Option<u64>, who: &str) -> Result<u64, StoreError>;
+
+    /// The store's revision and every domain, read at one instant (what a retriever takes).
+    ///
+    /// # Errors
+    /// The database failed.
+    fn snapshot(&self) -> Result<(u64, Vec<DomainRecord>), StoreError>;
 
     /// Every change made to a domain, oldest first (also after it was deleted).
     ///

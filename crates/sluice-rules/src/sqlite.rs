@@ -292,6 +292,28 @@ impl RuleStore for SqliteStore {
         })
     }
 
+    fn snapshot(&self) -> Result<(u64, Vec<DomainRecord>), StoreError> {
+        let mut connection = self.connection();
+        // One read transaction: the revision and the rows of the same instant.
+        let transaction = connection.transaction_with_behavior(TransactionBehavior::Deferred)?;
+        let revision = current_revision(&transaction)?;
+        let domains = {
+            let mut statement =
+                transaction.prepare_cached("SELECT name, rules, revision FROM domains ORDER BY name")?;
+            statement
+                .query_map([], |row| {
+                    Ok(DomainRecord {
+                        domain: row.get(0)?,
+                        text: row.get(1)?,
+                        revision: from_sql(row.get(2)?),
+                    })
+                })?
+                .collect::<Result<Vec<_>, _>>()?
+        };
+        transaction.commit()?;
+        Ok((revision, domains))
+    }
+
     fn history(&self, domain: &str) -> Result<Vec<Change>, StoreError> {
         let connection = self.connection();
         let mut statement = connection.prepare_cached(

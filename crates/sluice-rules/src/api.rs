@@ -1,0 +1,512 @@
+//! The rules service's HTTP API (JSON; errors as `application/problem+json`):
+//!
+//! | request | answer |
+//! |---|---|
+//! | `GET /v1/rules` | every domain and the store's revision, read at one instant; `ETag` is the revision, so `If-None-Match` with it answers 304 while nothing changed (the retriever's poll) |
+//! | `GET /v1/domains?prefix=&after=&limit=` | a page of domains (name and revision), `next` to pass as `after` |
+//! | `GET /v1/domains/{domain}` | its rules file and revision; `ETag` |
+//! | `PUT /v1/domains/{domain}` | the body is the rules file: creates (201), or replaces with `If-Match: "N"` (200; 412 if the domain moved on, 428 without it); `If-None-Match: *` creates only |
+//! | `DELETE /v1/domains/{domain}` | with `If-Match` (204; 412, 428) |
+//! | `GET /v1/domains/{domain}/history` | every change: revision, who, when, before, after |
+//!
+//! With tokens, every request needs `Authorization: Bearer TOKEN` of the scope it asks for
+//! (401 without one, 403 with a read token for a write); the history records the token's
+//! name. Without tokens everything is open: the caller binds to loopback only.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
+
+use crate::tokens::{Caller, Scope, Tokens};
+use crate::{DomainRecord, RuleStore, StoreError};
+
+/// The largest rules file a write takes.
+pub const MAX_RULES_BYTES: usize = 4 * 1024 * 1024;
+
+/// The page size when a list names none.
+const DEFAULT_PAGE: usize = 100;
+
+/// The rules service's API over a store.
+///
+/// # Example
+/// ```no_run
+/// use std::sync::Arc;
+/// use sluice_rules::{RulesApi, SqliteStore, Tokens};
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = Arc::new(SqliteStore::open("rules.db".as_ref())?);
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:8083").await?;
+/// RulesApi::new(store, Tokens::default()).serve(listener, std::future::pending()).await?;
+/// # Ok(())
+/// # }
+/// ```
+pub struct RulesApi<S> {
+    shared: Arc<Shared<S>>,
+}
+
+struct Shared<S> {
+    store: Arc<S>,
+    tokens: Tokens,
+}
+
+impl<S> Clone for RulesApi<S> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<S: RuleStore + Send + Sync + 'static> RulesApi<S> {
+    /// The API over `store`, open to the holders of `tokens` (to everyone if there are none).
+    pub fn new(store: Arc<S>, tokens: Tokens) -> Self {
+        Self {
+            shared: Arc::new(Shared { store, tokens }),
+        }
+    }
+
+    /// Its routes.
+    pub fn router(self) -> Router {
+        Router::new()
+            .route("/v1/rules", get(snapshot::<S>))
+            .route("/v1/domains", get(list::<S>))
+            .route(
+                "/v1/domains/{domain}",
+                get(read::<S>).put(write::<S>).delete(remove::<S>),
+            )
+            .route("/v1/domains/{domain}/history", get(history::<S>))
+            .layer(DefaultBodyLimit::max(MAX_RULES_BYTES))
+            .with_state(self.shared)
+    }
+
+    /// Serves the API on `listener` until `shutdown` completes.
+    ///
+    /// # Errors
+    /// The listener failed.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        axum::serve(listener, self.router())
+            .with_graceful_shutdown(shutdown)
+            .await
+    }
+}
+
+#[derive(Serialize)]
+struct Problem<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    title: &'a str,
+    status: u16,
+    detail: String,
+}
+
+fn problem(status: StatusCode, title: &str, detail: impl Into<String>) -> Response {
+    let body = Problem {
+        kind: "about:blank",
+        title,
+        status: status.as_u16(),
+        detail: detail.into(),
+    };
+    let text = serde_json::to_string(&body).unwrap_or_default();
+    (status, [(header::CONTENT_TYPE, "application/problem+json")], text).into_response()
+}
+
+fn store_problem(error: StoreError) -> Response {
+    let (status, title) = match &error {
+        StoreError::NotFound(_) => (StatusCode::NOT_FOUND, "No such domain"),
+        StoreError::Exists(_) => (StatusCode::CONFLICT, "Domain exists"),
+        StoreError::Stale { .. } => (StatusCode::PRECONDITION_FAILED, "Stale write"),
+        StoreError::Invalid(_) | StoreError::WrongDomain { .. } => {
+            (StatusCode::UNPROCESSABLE_ENTITY, "Invalid rules")
+        }
+        StoreError::PageSize(_) => (StatusCode::BAD_REQUEST, "Bad page size"),
+        StoreError::NewerSchema { .. } | StoreError::Database(_) => {
+            tracing::error!("rules store: {error}");
+            (StatusCode::INTERNAL_SERVER_ERROR, "Store failed")
+        }
+    };
+    problem(status, title, error.to_string())
+}
+
+/// An answer refusing a request (boxed: a `Response` is large to carry in a `Result`).
+type Refused = Box<Response>;
+
+/// The caller, if its token allows `needed`.
+fn authorize<S>(shared: &Shared<S>, headers: &HeaderMap, needed: Scope) -> Result<Caller, Refused> {
+    if shared.tokens.is_empty() {
+        return Ok(Caller {
+            name: "local".into(),
+            scope: Scope::Write,
+        });
+    }
+    let secret = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "));
+    let Some(caller) = secret.and_then(|secret| shared.tokens.caller(secret.trim())) else {
+        let mut answer = problem(
+            StatusCode::UNAUTHORIZED,
+            "Unauthorized",
+            "send Authorization: Bearer TOKEN",
+        );
+        answer
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        return Err(Box::new(answer));
+    };
+    if caller.scope < needed {
+        return Err(Box::new(problem(
+            StatusCode::FORBIDDEN,
+            "Forbidden",
+            format!("token '{}' may read, not write", caller.name),
+        )));
+    }
+    Ok(caller)
+}
+
+/// Runs a store call off the async threads (SQLite blocks).
+async fn blocking<S, T>(
+    shared: &Arc<Shared<S>>,
+    call: impl FnOnce(&S) -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, Refused>
+where
+    S: RuleStore + Send + Sync + 'static,
+    T: Send + 'static,
+{
+    let store = Arc::clone(&shared.store);
+    match tokio::task::spawn_blocking(move || call(&store)).await {
+        Ok(answer) => answer.map_err(|e| Box::new(store_problem(e))),
+        Err(_) => Err(Box::new(problem(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "Store failed",
+            "the store call did not finish",
+        ))),
+    }
+}
+
+fn etag(revision: u64) -> HeaderValue {
+    HeaderValue::from_str(&format!("\"{revision}\"")).unwrap_or_else(|_| HeaderValue::from_static("\"0\""))
+}
+
+/// A precondition header's revision: `"N"` (or a weak `W/"N"`); `*` is `Some(None)`.
+fn precondition(headers: &HeaderMap, name: header::HeaderName) -> Result<Option<Option<u64>>, Refused> {
+    let Some(value) = headers.get(&name) else {
+        return Ok(None);
+    };
+    let text = value.to_str().unwrap_or("").trim();
+    if text == "*" {
+        return Ok(Some(None));
+    }
+    let bare = text.strip_prefix("W/").unwrap_or(text);
+    bare.strip_prefix('"')
+        .and_then(|rest| rest.strip_suffix('"'))
+        .and_then(|digits| digits.parse().ok())
+        .map(|revision| Some(Some(revision)))
+        .ok_or_else(|| {
+            Box::new(problem(
+                StatusCode::BAD_REQUEST,
+                "Bad precondition",
+                format!("{name}: expected an ETag of this API (\"N\") or *"),
+            ))
+        })
+}
+
+#[derive(Serialize)]
+struct DomainBody {
+    domain: String,
+    revision: u64,
+    rules: String,
+}
+
+impl From<DomainRecord> for DomainBody {
+    fn from(record: DomainRecord) -> Self {
+        Self {
+            domain: record.domain,
+            revision: record.revision,
+            rules: record.text,
+        }
+    }
+}
+
+fn with_etag(status: StatusCode, revision: u64, body: impl Serialize) -> Response {
+    let mut answer = (status, axum::Json(body)).into_response();
+    answer.headers_mut().insert(header::ETAG, etag(revision));
+    answer
+}
+
+#[derive(Serialize)]
+struct SnapshotBody {
+    revision: u64,
+    domains: Vec<DomainBody>,
+}
+
+async fn snapshot<S: RuleStore + Send + Sync + 'static>(
+    State(shared): State<Arc<Shared<S>>>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(refused) = authorize(&shared, &headers, Scope::Read) {
+        return *refused;
+    }
+    let seen = match precondition(&headers, header::IF_NONE_MATCH) {
+        Ok(seen) => seen.flatten(),
+        Err(bad) => return *bad,
+    };
+    // The revision alone first: an unchanged store costs one small read.
+    let revision = match blocking(&shared, |store| store.revision()).await {
+        Ok(revision) => revision,
+        Err(failed) => return *failed,
+    };
+    if seen == Some(revision) {
+        let mut answer = StatusCode::NOT_MODIFIED.into_response();
+        answer.headers_mut().insert(header::ETAG, etag(revision));
+        return answer;
+    }
+    match blocking(&shared, |store| store.snapshot()).await {
+        Ok((revision, domains)) => with_etag(
+            StatusCode::OK,
+            revision,
+            SnapshotBody {
+                revision,
+                domains: domains.into_iter().map(DomainBody::from).collect(),
+            },
+        ),
+        Err(failed) => *failed,
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    #[serde(default)]
+    prefix: String,
+    after: Option<String>,
+    limit: Option<usize>,
+}
+
+#[derive(Serialize)]
+struct ListedBody {
+    domain: String,
+    revision: u64,
+}
+
+#[derive(Serialize)]
+struct ListBody {
+    domains: Vec<ListedBody>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next: Option<String>,
+}
+
+async fn list<S: RuleStore + Send + Sync + 'static>(
+    State(shared): State<Arc<Shared<S>>>,
+    headers: HeaderMap,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    if let Err(refused) = authorize(&shared, &headers, Scope::Read) {
+        return *refused;
+    }
+    let Query(query) = match query {
+        Ok(query) => query,
+        Err(e) => return problem(StatusCode::BAD_REQUEST, "Bad query", e.body_text()),
+    };
+    let limit = query.limit.unwrap_or(DEFAULT_PAGE);
+    match blocking(&shared, move |store| {
+        store.list(&query.prefix, query.after.as_deref(), limit)
+    })
+    .await
+    {
+        Ok(listing) => axum::Json(ListBody {
+            domains: listing
+                .domains
+                .into_iter()
+                .map(|d| ListedBody {
+                    domain: d.domain,
+                    revision: d.revision,
+                })
+                .collect(),
+            next: listing.next,
+        })
+        .into_response(),
+        Err(failed) => *failed,
+    }
+}
+
+async fn read<S: RuleStore + Send + Sync + 'static>(
+    State(shared): State<Arc<Shared<S>>>,
+    Path(domain): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(refused) = authorize(&shared, &headers, Scope::Read) {
+        return *refused;
+    }
+    match blocking(&shared, move |store| store.get(&domain)).await {
+        Ok(record) => with_etag(StatusCode::OK, record.revision, DomainBody::from(record)),
+        Err(failed) => *failed,
+    }
+}
+
+async fn write<S: RuleStore + Send + Sync + 'static>(
+    State(shared): State<Arc<Shared<S>>>,
+    Path(domain): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let caller = match authorize(&shared, &headers, Scope::Write) {
+        Ok(caller) => caller,
+        Err(refused) => return *refused,
+    };
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return problem(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "Rules too large",
+                format!("a rules file is at most {MAX_RULES_BYTES} bytes"),
+            );
+        }
+        Err(rejection) => return problem(rejection.status(), "Unreadable body", rejection.body_text()),
+    };
+    let Ok(text) = String::from_utf8(body.to_vec()) else {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "Unreadable body",
+            "the rules file is not UTF-8",
+        );
+    };
+    let (if_match, if_none_match) = match (
+        precondition(&headers, header::IF_MATCH),
+        precondition(&headers, header::IF_NONE_MATCH),
+    ) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(bad), _) | (_, Err(bad)) => return *bad,
+    };
+    let answer = blocking(&shared, move |store| {
+        let named = crate::checked_domain(&text)?;
+        if named != domain {
+            return Err(StoreError::WrongDomain { domain, named });
+        }
+        let held = match store.get(&domain) {
+            Ok(held) => Some(held),
+            Err(StoreError::NotFound(_)) => None,
+            Err(e) => return Err(e),
+        };
+        Ok(match (held, if_match, if_none_match) {
+            (None, None, _) => Written::Created(store.create(&text, &caller.name)?),
+            (Some(held), Some(expected), None) => {
+                // `*`: whatever revision it is at now.
+                let expected = expected.unwrap_or(held.revision);
+                Written::Replaced(store.replace(&domain, &text, Some(expected), &caller.name)?)
+            }
+            (Some(held), _, Some(_)) => {
+                Written::Failed(format!("domain '{domain}' exists (revision {})", held.revision))
+            }
+            (None, Some(_), _) => Written::Failed(format!("domain '{domain}' does not exist")),
+            (Some(_), None, None) => Written::Required,
+        })
+    })
+    .await;
+    match answer {
+        Ok(Written::Created(record)) => {
+            with_etag(StatusCode::CREATED, record.revision, DomainBody::from(record))
+        }
+        Ok(Written::Replaced(record)) => with_etag(StatusCode::OK, record.revision, DomainBody::from(record)),
+        Ok(Written::Failed(detail)) => {
+            problem(StatusCode::PRECONDITION_FAILED, "Precondition failed", detail)
+        }
+        Ok(Written::Required) => problem(
+            StatusCode::PRECONDITION_REQUIRED,
+            "If-Match required",
+            "the domain exists: send If-Match with the ETag you read (or *)",
+        ),
+        Err(failed) => *failed,
+    }
+}
+
+/// What a PUT did.
+enum Written {
+    Created(DomainRecord),
+    Replaced(DomainRecord),
+    /// A precondition did not hold.
+    Failed(String),
+    /// A replace without `If-Match`.
+    Required,
+}
+
+async fn remove<S: RuleStore + Send + Sync + 'static>(
+    State(shared): State<Arc<Shared<S>>>,
+    Path(domain): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let caller = match authorize(&shared, &headers, Scope::Write) {
+        Ok(caller) => caller,
+        Err(refused) => return *refused,
+    };
+    let if_match = match precondition(&headers, header::IF_MATCH) {
+        Ok(Some(if_match)) => if_match,
+        Ok(None) => {
+            return problem(
+                StatusCode::PRECONDITION_REQUIRED,
+                "If-Match required",
+                "send If-Match with the ETag you read (or *)",
+            );
+        }
+        Err(bad) => return *bad,
+    };
+    match blocking(&shared, move |store| {
+        store.delete(&domain, if_match, &caller.name)
+    })
+    .await
+    {
+        Ok(revision) => {
+            let mut answer = StatusCode::NO_CONTENT.into_response();
+            answer.headers_mut().insert(header::ETAG, etag(revision));
+            answer
+        }
+        Err(failed) => *failed,
+    }
+}
+
+#[derive(Serialize)]
+struct ChangeBody {
+    revision: u64,
+    who: String,
+    at_unix_ms: i64,
+    before: Option<String>,
+    after: Option<String>,
+}
+
+async fn history<S: RuleStore + Send + Sync + 'static>(
+    State(shared): State<Arc<Shared<S>>>,
+    Path(domain): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(refused) = authorize(&shared, &headers, Scope::Read) {
+        return *refused;
+    }
+    match blocking(&shared, move |store| store.history(&domain)).await {
+        Ok(changes) => axum::Json(
+            changes
+                .into_iter()
+                .map(|c| ChangeBody {
+                    revision: c.revision,
+                    who: c.who,
+                    at_unix_ms: c.at_unix_ms,
+                    before: c.before,
+                    after: c.after,
+                })
+                .collect::<Vec<_>>(),
+        )
+        .into_response(),
+        Err(failed) => *failed,
+    }
+}
