@@ -4,6 +4,7 @@
 mod app;
 mod connection;
 mod limits;
+mod rules;
 mod server;
 mod service;
 
@@ -42,6 +43,11 @@ enum Command {
     /// Writes results.tsv, rates.png and latencies.png to --out and prints a verdict per
     /// profile; exits 1 if a profile failed. With --spawn it starts `sluice serve` itself.
     Loadtest(sluice_loadtest::Args),
+    /// Serve the rules store's API (JSON, ETag/If-Match, bearer tokens), or import and export
+    /// its domains in envoy ratelimit's format.
+    ///
+    /// Prints `rules listening on http://ADDR/` once listening.
+    Rules(rules::RulesArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -67,6 +73,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve(args),
         Command::Validate { file } => validate(&file),
         Command::Loadtest(args) => loadtest(&args),
+        Command::Rules(args) => rules::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -145,7 +152,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     })
 }
 
-fn init_logging() {
+pub(crate) fn init_logging() {
     let level = std::env::var("SLUICE_LOG")
         .ok()
         .and_then(|l| l.parse::<LevelFilter>().ok())
@@ -160,7 +167,7 @@ fn init_logging() {
 /// A future that completes on SIGINT or SIGTERM. The handlers are installed here, before
 /// the server says it is listening, so a signal sent right after that line is not missed.
 #[cfg(unix)]
-fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, String> {
+pub(crate) fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, String> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut interrupt = signal(SignalKind::interrupt()).map_err(|e| format!("cannot handle SIGINT: {e}"))?;
     let mut terminate = signal(SignalKind::terminate()).map_err(|e| format!("cannot handle SIGTERM: {e}"))?;
@@ -174,7 +181,7 @@ fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, String> {
 
 /// A future that completes on Ctrl-C.
 #[cfg(not(unix))]
-fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, String> {
+pub(crate) fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, String> {
     Ok(async {
         let _ = tokio::signal::ctrl_c().await;
     })

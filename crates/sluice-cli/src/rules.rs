@@ -1,0 +1,130 @@
+//! `sluice rules`: the rules service on a store in a file (by default `sluice-rules.db` in
+//! the working directory), and the store's bulk import and export in envoy ratelimit's format.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use sluice_rules::{RuleStore, RulesApi, SqliteStore, StoreError, Tokens};
+
+/// `sluice rules` and its subcommands.
+#[derive(Debug, clap::Args)]
+pub struct RulesArgs {
+    /// The store's database file.
+    #[arg(long, value_name = "FILE", default_value = "sluice-rules.db", global = true)]
+    pub db: PathBuf,
+    /// The address the API listens on. Without --tokens only a loopback address is allowed.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8083")]
+    pub listen: SocketAddr,
+    /// The tokens file: one `NAME SCOPE TOKEN` a line (SCOPE read or write; TOKEN the secret
+    /// or `sha256:HEX`); default: the file SLUICE_RULES_TOKENS names, if set. Without tokens
+    /// everyone on this host may read and write.
+    #[arg(long, value_name = "FILE")]
+    pub tokens: Option<PathBuf>,
+    /// What to do instead of serving.
+    #[command(subcommand)]
+    pub action: Option<RulesAction>,
+}
+
+/// The store's bulk operations.
+#[derive(Debug, clap::Subcommand)]
+pub enum RulesAction {
+    /// Store the domains of a rules file, or of a directory of them (created, or replaced).
+    Import {
+        /// A rules file, or a directory of `*.yaml` files.
+        path: PathBuf,
+    },
+    /// Print a domain's rules file.
+    Export {
+        /// The domain.
+        domain: String,
+    },
+}
+
+/// Runs `sluice rules`.
+pub fn run(args: RulesArgs) -> Result<(), String> {
+    let store = SqliteStore::open(&args.db).map_err(|e| format!("{}: {e}", args.db.display()))?;
+    match args.action {
+        Some(RulesAction::Import { path }) => import(&store, &path),
+        Some(RulesAction::Export { domain }) => {
+            let record = store.get(&domain).map_err(|e| e.to_string())?;
+            print!("{}", record.text);
+            Ok(())
+        }
+        None => serve(store, &args),
+    }
+}
+
+fn import(store: &SqliteStore, path: &Path) -> Result<(), String> {
+    let files = rule_files(path)?;
+    // Every file checked before anything is stored.
+    let mut texts = Vec::with_capacity(files.len());
+    for file in &files {
+        let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+        let domain =
+            sluice_descriptors::parse_domain(&text).map_err(|e| format!("{}: {e}", file.display()))?;
+        texts.push((domain.name().to_owned(), text));
+    }
+    let who = format!(
+        "import by {}",
+        std::env::var("USER").unwrap_or_else(|_| "a local user".into())
+    );
+    for (domain, text) in texts {
+        let record = match store.create(&text, &who) {
+            Err(StoreError::Exists(_)) => store.replace(&domain, &text, None, &who),
+            other => other,
+        }
+        .map_err(|e| format!("{domain}: {e}"))?;
+        println!("{domain}: revision {}", record.revision);
+    }
+    Ok(())
+}
+
+fn rule_files(path: &Path) -> Result<Vec<PathBuf>, String> {
+    if !path.is_dir() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|file| file.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+fn serve(store: SqliteStore, args: &RulesArgs) -> Result<(), String> {
+    crate::init_logging();
+    let from_env = std::env::var_os("SLUICE_RULES_TOKENS").map(PathBuf::from);
+    let tokens = match args.tokens.as_ref().or(from_env.as_ref()) {
+        Some(file) => std::fs::read_to_string(file)
+            .map_err(|e| format!("{}: {e}", file.display()))?
+            .parse::<Tokens>()
+            .map_err(|e| format!("{}: {e}", file.display()))?,
+        None => Tokens::default(),
+    };
+    if tokens.is_empty() && !args.listen.ip().is_loopback() {
+        return Err(format!(
+            "--listen {}: without --tokens the rules service listens on a loopback address only",
+            args.listen
+        ));
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    runtime.block_on(async {
+        let shutdown = crate::shutdown_signal()?;
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .map_err(|e| format!("--listen {}: {e}", args.listen))?;
+        let bound = listener.local_addr().map_err(|e| e.to_string())?;
+        println!("rules listening on http://{bound}/");
+        tracing::info!(db = %args.db.display(), tokens = !tokens.is_empty(), "rules service");
+        RulesApi::new(Arc::new(store), tokens)
+            .serve(listener, shutdown)
+            .await
+            .map_err(|e| e.to_string())
+    })
+}
