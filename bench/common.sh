@@ -95,3 +95,17 @@ ticks() { # pids
 median() {
   sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'
 }
+
+# A scratch directory in $tmp and a list $pids of the processes a script starts, both cleaned
+# up when the script exits (the processes killed, the directory removed).
+scratch() {
+  tmp=$(mktemp -d)
+  pids=()
+  trap clean_scratch EXIT
+}
+clean_scratch() {
+  local pid
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$tmp"
+}

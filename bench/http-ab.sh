@@ -14,10 +14,7 @@ A=$1; B=$2; ROUNDS=${3:-8}; ACCOUNT=${4:-alice@example.com}
 DURATION=${DURATION:-3s}; CONNECTIONS=${CONNECTIONS:-100}
 command -v wrk >/dev/null || install_packages wrk
 
-tmp=$(mktemp -d)
-pids=()
-cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; rm -rf "$tmp"; }
-trap cleanup EXIT
+scratch
 write_bench_config "$tmp/sluice.yaml"
 start() { # binary, name: sets url
   "$1" serve --config "$tmp/sluice.yaml" --listen 127.0.0.1:0 >"$tmp/$2.out" 2>"$tmp/$2.err" &

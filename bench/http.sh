@@ -45,14 +45,7 @@ NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 cargo build --release -q -p sluice-cli
 SLUICE=target/release/sluice
 
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+scratch
 
 write_bench_config "$tmp/sluice.yaml"
 { cat "$tmp/sluice.yaml"; echo "headers: false"; } >"$tmp/sluice-no-fields.yaml"

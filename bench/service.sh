@@ -58,14 +58,7 @@ fi
 cargo build --release -q -p sluice-cli
 SLUICE=target/release/sluice
 
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+scratch
 
 # sluice: the service on one key-only rule, so each user has a counter of its own.
 cat >"$tmp/rules.yaml" <<'YAML'
