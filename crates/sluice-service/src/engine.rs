@@ -458,16 +458,16 @@ impl Engine {
     pub fn reload(&self, rules: RuleSet) -> Result<Reloaded, BuildError> {
         let next = Self::generation(rules, &self.settings, self.redis.as_ref())?;
         let old = self.current.load_full();
-        let mut reloaded = Reloaded::default();
-        if let Store::Memory(counters) = &old.store {
-            for (kind, counters) in counters {
-                if let Some(target) = next.memory(*kind) {
-                    let Migrated { moved, dropped, .. } = counters.migrate_into(target, &next.quotas);
-                    reloaded.moved += moved;
-                    reloaded.dropped += dropped;
-                }
-            }
-        }
+        let reloaded = match &old.store {
+            // An algorithm no rule uses any more has no limiter to move into.
+            Store::Memory(counters) => move_counters(
+                counters
+                    .iter()
+                    .filter_map(|(kind, c)| Some((&**c, next.memory(*kind)?))),
+                &next.quotas,
+            ),
+            Store::Redis(_) => Reloaded::default(),
+        };
         self.current.store(Arc::new(next));
         Ok(reloaded)
     }
@@ -501,13 +501,7 @@ impl Engine {
             .iter()
             .map(|(kind, counters)| Some((&**counters, to.memory(*kind)?)))
             .collect::<Option<_>>()?;
-        let mut reloaded = Reloaded::default();
-        for (counters, target_counters) in pairs {
-            let Migrated { moved, dropped, .. } = counters.migrate_into(target_counters, &to.quotas);
-            reloaded.moved += moved;
-            reloaded.dropped += dropped;
-        }
-        Some(reloaded)
+        Some(move_counters(pairs.into_iter(), &to.quotas))
     }
 
     /// The rules in force.
@@ -854,8 +848,19 @@ fn is_replaced(rule: &Rule, replaced: &HashSet<&str>) -> bool {
     !replaced.is_empty() && rule.name.as_deref().is_some_and(|name| replaced.contains(name))
 }
 
-/// How long a request is told to wait when Redis cannot decide its limit at all.
-const UNDECIDED_RETRY: Duration = Duration::from_secs(1);
+/// Moves each limiter's counters into its pair, under `quotas` (the target generation's).
+fn move_counters<'a>(
+    pairs: impl Iterator<Item = (&'a dyn Counters, &'a dyn Counters)>,
+    quotas: &RuleQuotas,
+) -> Reloaded {
+    let mut reloaded = Reloaded::default();
+    for (counters, target) in pairs {
+        let Migrated { moved, dropped, .. } = counters.migrate_into(target, quotas);
+        reloaded.moved += moved;
+        reloaded.dropped += dropped;
+    }
+    reloaded
+}
 
 /// Each limit's decision on Redis for `cost` of it, all at once: `None` where the cost can
 /// never fit its quota.
@@ -868,16 +873,8 @@ async fn take_all(
         let cost = cost(count);
         async move {
             let counters = generation.shared(count.kind)?;
-            match counters.take(&count.key, cost).await {
-                Ok(decision) => Some(decision),
-                Err(sluice_redis::Error::Check(CheckError::CostExceedsCapacity { .. })) => None,
-                // Not an outage (the failure policy answers those) but a limit Redis cannot
-                // hold exactly (a request's own override): deny, and say why in the log.
-                Err(e) => {
-                    tracing::error!(rule = %count.limit.rule, "cannot decide on Redis: {e}; denying");
-                    Some(Decision::denied(0, 0, 0, saturating_nanos(UNDECIDED_RETRY)))
-                }
-            }
+            // The one error left is a cost the quota can never admit.
+            shared::decide(counters, &count.key, cost).await.ok()
         }
     });
     futures_util::future::join_all(takes).await

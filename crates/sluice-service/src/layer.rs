@@ -10,9 +10,6 @@ use sluice_http::{CheckFuture, LimitBackend};
 use crate::counters::write_counter;
 use crate::engine::{Engine, Generation, Store};
 
-/// How long a request is told to wait when Redis cannot decide its limit at all.
-const UNDECIDED_RETRY_NS: u64 = 1_000_000_000;
-
 /// An [`Engine`] as the HTTP layer's [`LimitBackend`]: the layer's key for a request is the
 /// value of the descriptor `[(entry_key, key)]` in `domain`. A key no rule limits is admitted
 /// (and has no quota to report).
@@ -141,17 +138,8 @@ async fn on_redis(
     counter: String,
     cost: u64,
 ) -> Result<Decision, CheckError> {
-    let Some(shared) = generation.shared(kind) else {
-        return Ok(unlimited());
-    };
-    match shared.take(&counter, cost).await {
-        Ok(decision) => Ok(decision),
-        Err(sluice_redis::Error::Check(e)) => Err(e),
-        // Not an outage (the failure policy answers those) but a quota Redis cannot hold
-        // exactly: deny, and say why in the log.
-        Err(e) => {
-            tracing::error!(key = counter, "cannot decide on Redis: {e}; denying");
-            Ok(Decision::denied(0, 0, 0, UNDECIDED_RETRY_NS))
-        }
+    match generation.shared(kind) {
+        Some(shared) => crate::shared::decide(shared, &counter, cost).await,
+        None => Ok(unlimited()),
     }
 }

@@ -85,6 +85,27 @@ impl<A: RedisAlgorithm> SharedCounters for RedisLimiter<A, RuleQuotas> {
     }
 }
 
+/// How long a request is told to wait when Redis cannot decide its limit at all.
+const UNDECIDED_RETRY_NS: u64 = 1_000_000_000;
+
+/// A take on Redis as a decision. Outages are answered inside the limiter, by its failure
+/// policy; a cost beyond the quota is the error; a quota Redis cannot hold exactly (a
+/// request's own override) is denied, and logged.
+pub(crate) async fn decide(
+    counters: &dyn SharedCounters,
+    key: &str,
+    cost: u64,
+) -> Result<Decision, sluice::CheckError> {
+    match counters.take(key, cost).await {
+        Ok(decision) => Ok(decision),
+        Err(sluice_redis::Error::Check(e)) => Err(e),
+        Err(e) => {
+            tracing::error!(key, "cannot decide on Redis: {e}; denying");
+            Ok(Decision::denied(0, 0, 0, UNDECIDED_RETRY_NS))
+        }
+    }
+}
+
 /// The Redis limiter of `kind` over `quotas`.
 pub(crate) fn build(
     kind: AlgorithmKind,
