@@ -1,6 +1,7 @@
 //! The rate-limit service inside `sluice serve`: one engine on the config's descriptor rules,
 //! asked over RLS v3 gRPC (`rls.listen`) and the HTTP check API (`api.listen`), and a watcher
-//! that reloads the rules when their files change, keeping every counter.
+//! that reloads the rules when their files change, or polls the rules service for them,
+//! keeping every counter.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -9,12 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_descriptors::RuleSet;
+use sluice_rules::{FetchError, Fetched, Snapshot, SnapshotError};
 use sluice_service::{CheckApi, Engine, EngineSettings, RateLimitService, RedisCounters};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::app::RedisBackendError;
-use crate::config::{ServiceSettings, Settings};
+use crate::config::{RulesFrom, RulesService, Settings};
 
 /// How often the rules' files are read for a change.
 const POLL: Duration = Duration::from_secs(1);
@@ -33,6 +35,18 @@ pub enum ServiceError {
     /// Redis could not be used at start-up.
     #[error("redis: {0}")]
     Redis(sluice_redis::Error),
+    /// The rules service could not be asked at start-up and there is no snapshot to start from.
+    #[error(
+        "rules.url: {url} cannot give the rules ({fetch}) and there is no snapshot to start from ({snapshot})"
+    )]
+    NoRules {
+        /// The rules service.
+        url: String,
+        /// Why it gave none.
+        fetch: Box<dyn std::error::Error + Send + Sync>,
+        /// Why the snapshot could not be used.
+        snapshot: SnapshotError,
+    },
     /// A listener could not be bound.
     #[error("{field}: cannot listen on {addr}: {source}")]
     Bind {
@@ -76,23 +90,28 @@ pub async fn start(
         },
         ..EngineSettings::default()
     };
-    let rules = service.rules.0.clone();
-    let engine = match &settings.limiter.redis {
-        None => Engine::new(rules, engine_settings)?,
-        Some(redis) => {
-            let store = crate::app::connect_redis(redis).await.map_err(|e| match e {
-                RedisBackendError::NoUrl => ServiceError::NoRedisUrl,
-                RedisBackendError::Redis(e) => ServiceError::Redis(e),
-            })?;
-            let counters = RedisCounters {
-                policy: redis.policy,
-                hosts: redis.hosts,
-                // The demo's limits use the prefix itself: the rules' counters keep apart.
-                prefix: format!("{}:descriptors", redis.prefix),
-                ..RedisCounters::new(store)
-            };
-            Engine::on_redis(rules, engine_settings, counters)?
+    let build = async |rules: RuleSet| -> Result<Engine, ServiceError> {
+        match &settings.limiter.redis {
+            None => Ok(Engine::new(rules, engine_settings)?),
+            Some(redis) => {
+                let store = crate::app::connect_redis(redis).await.map_err(|e| match e {
+                    RedisBackendError::NoUrl => ServiceError::NoRedisUrl,
+                    RedisBackendError::Redis(e) => ServiceError::Redis(e),
+                })?;
+                let counters = RedisCounters {
+                    policy: redis.policy,
+                    hosts: redis.hosts,
+                    // The demo's limits use the prefix itself: the rules' counters keep apart.
+                    prefix: format!("{}:descriptors", redis.prefix),
+                    ..RedisCounters::new(store)
+                };
+                Ok(Engine::on_redis(rules, engine_settings, counters)?)
+            }
         }
+    };
+    let (engine, held) = match &service.rules {
+        RulesFrom::Files { loaded, .. } => (build(loaded.0.clone()).await?, None),
+        RulesFrom::Service(remote) => first_rules(remote, build).await?,
     };
     let mut running = Running {
         engine: Arc::new(engine),
@@ -116,7 +135,15 @@ pub async fn start(
     }
     let _ = stdout.flush();
     drop(stdout);
-    tokio::spawn(watch_rules(service.clone(), Arc::clone(&running.engine), stop));
+    let engine = Arc::clone(&running.engine);
+    match &service.rules {
+        RulesFrom::Files { path, .. } => {
+            tokio::spawn(watch_files(path.clone(), engine, stop));
+        }
+        RulesFrom::Service(remote) => {
+            tokio::spawn(poll_service(remote.clone(), held, engine, stop));
+        }
+    }
     Ok(Some(running))
 }
 
@@ -195,8 +222,7 @@ fn collect(path: &Path, files: &mut Vec<(PathBuf, Vec<u8>)>, depth: usize) {
 
 /// Reloads the rules when their files change and hold still; a bad set is logged once and the
 /// running rules stay.
-async fn watch_rules(service: ServiceSettings, engine: Arc<Engine>, stop: watch::Receiver<bool>) {
-    let path = service.rules_path;
+async fn watch_files(path: PathBuf, engine: Arc<Engine>, stop: watch::Receiver<bool>) {
     let mut seen = snapshot(&path);
     let mut refused: Option<Vec<(PathBuf, Vec<u8>)>> = None;
     let stopped = stopped(stop);
@@ -232,6 +258,113 @@ async fn watch_rules(service: ServiceSettings, engine: Arc<Engine>, stop: watch:
             Err(e) => {
                 tracing::error!("rules not reloaded, the running rules stay: {e}");
                 refused = Some(now);
+            }
+        }
+    }
+}
+
+/// The engine on the rules service's rules, and the revision they are at; when the service
+/// cannot give them (down, garbage, rules the engine refuses), on the snapshot's.
+async fn first_rules(
+    remote: &RulesService,
+    build: impl AsyncFn(RuleSet) -> Result<Engine, ServiceError>,
+) -> Result<(Engine, Option<u64>), ServiceError> {
+    let failed: Box<dyn std::error::Error + Send + Sync> = match remote.source.fetch(None).await {
+        Ok(Fetched::Changed(mut fetched)) => {
+            let revision = fetched.revision;
+            match build(std::mem::take(&mut fetched.rules)).await {
+                Ok(engine) => {
+                    save(&fetched, &remote.snapshot);
+                    tracing::info!(url = %remote.url, revision, "rules fetched from the rules service");
+                    return Ok((engine, Some(revision)));
+                }
+                Err(ServiceError::Engine(e)) => Box::new(e),
+                Err(other) => return Err(other),
+            }
+        }
+        Ok(Fetched::Unchanged) => Box::new(FetchError::Http("304 to a first request".into())),
+        Err(e) => Box::new(e),
+    };
+    let kept = Snapshot::load(&remote.snapshot, sluice_rules::DEFAULT_MAX_BYTES).map_err(|snapshot| {
+        ServiceError::NoRules {
+            url: remote.url.clone(),
+            fetch: failed.to_string().into(),
+            snapshot,
+        }
+    })?;
+    tracing::warn!(
+        url = %remote.url,
+        snapshot = %remote.snapshot.display(),
+        revision = kept.revision,
+        "the rules service gave no rules ({failed}); starting from the snapshot"
+    );
+    let revision = kept.revision;
+    Ok((build(kept.rules).await?, Some(revision)))
+}
+
+/// Keeps the last good rules on disk; a failure is logged and the host goes on.
+fn save(snapshot: &Snapshot, path: &Path) {
+    if let Err(e) = snapshot.save(path) {
+        tracing::warn!("rules snapshot not written: {e}");
+    }
+}
+
+/// Asks the rules service every `poll` for a change (a 304 while there is none) and applies
+/// one without resetting any counter. While the service is down or answers garbage, the
+/// running rules stay and that is logged once per outage; a set the engine refuses is logged
+/// once per revision.
+async fn poll_service(
+    remote: RulesService,
+    mut held: Option<u64>,
+    engine: Arc<Engine>,
+    stop: watch::Receiver<bool>,
+) {
+    let mut outage = false;
+    let stopped = stopped(stop);
+    tokio::pin!(stopped);
+    loop {
+        tokio::select! {
+            () = &mut stopped => return,
+            () = tokio::time::sleep(remote.poll) => {}
+        }
+        let fetched = match remote.source.fetch(held).await {
+            Ok(fetched) => fetched,
+            Err(e) => {
+                if !outage {
+                    tracing::warn!(
+                        url = %remote.url,
+                        revision = held,
+                        "rules service: {e}; the running rules stay, polling on"
+                    );
+                    outage = true;
+                }
+                continue;
+            }
+        };
+        if outage {
+            tracing::info!(url = %remote.url, "rules service answers again");
+            outage = false;
+        }
+        let Fetched::Changed(mut fetched) = fetched else {
+            continue;
+        };
+        let revision = fetched.revision;
+        let count = fetched.rules.len();
+        // Asked with this revision from now on: a refused set is not fetched again.
+        held = Some(revision);
+        match engine.reload(std::mem::take(&mut fetched.rules)) {
+            Ok(kept) => {
+                tracing::info!(
+                    revision,
+                    rules = count,
+                    kept = kept.moved,
+                    dropped = kept.dropped,
+                    "rules from the rules service applied; counters kept"
+                );
+                save(&fetched, &remote.snapshot);
+            }
+            Err(e) => {
+                tracing::error!(revision, "rules refused, the running rules stay: {e}");
             }
         }
     }

@@ -3,51 +3,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::process::{Child, Stdio};
-
-use common::{Client, TempDir, sluice};
+use common::{Client, RulesService, TempDir, sluice};
 
 const EDGE: &str =
     "domain: edge\ndescriptors:\n  - key: ip\n    rate_limit: {unit: minute, requests_per_unit: 60}\n";
 const API: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {quota: 5/s}\n";
-
-/// A running `sluice rules`, killed on drop.
-struct Rules {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Drop for Rules {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start(dir: &TempDir, extra: &[&str]) -> Rules {
-    let mut child = sluice()
-        .current_dir(dir.path())
-        .args(["rules", "--listen", "127.0.0.1:0"])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim_end()
-        .strip_prefix("rules listening on http://")
-        .and_then(|rest| rest.strip_suffix('/'))
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .parse()
-        .unwrap();
-    Rules { child, addr }
-}
 
 fn run(dir: &TempDir, args: &[&str]) -> (bool, String, String) {
     let out = sluice().current_dir(dir.path()).args(args).output().unwrap();
@@ -91,7 +51,7 @@ fn the_service_serves_the_imported_rules_and_answers_304_while_unchanged() {
     let dir = TempDir::new();
     dir.write("edge.yaml", EDGE);
     assert!(run(&dir, &["rules", "import", "edge.yaml"]).0);
-    let rules = start(&dir, &[]);
+    let rules = RulesService::start(&dir, &[]);
     let mut client = Client::connect(rules.addr);
     let snapshot = client.get("/v1/rules", &[]);
     assert_eq!(snapshot.status, 200);
@@ -109,7 +69,7 @@ fn without_tokens_only_loopback_and_with_them_writes_need_one() {
     assert!(stderr.contains("loopback"), "{stderr}");
 
     dir.write("tokens", "ci write 0123456789abcdef-write\n");
-    let rules = start(&dir, &["--tokens", "tokens"]);
+    let rules = RulesService::start(&dir, &["--tokens", "tokens"]);
     let mut client = Client::connect(rules.addr);
     assert_eq!(client.get("/v1/rules", &[]).status, 401);
     let allowed = client.get("/v1/rules", &[("authorization", "Bearer 0123456789abcdef-write")]);

@@ -222,11 +222,12 @@ fn precondition(headers: &HeaderMap, name: header::HeaderName) -> Result<Option<
         })
 }
 
-#[derive(Serialize)]
-struct DomainBody {
-    domain: String,
-    revision: u64,
-    rules: String,
+/// One domain as the API sends it (and a retriever reads it).
+#[derive(Serialize, Deserialize)]
+pub(crate) struct DomainBody {
+    pub domain: String,
+    pub revision: u64,
+    pub rules: String,
 }
 
 impl From<DomainRecord> for DomainBody {
@@ -245,10 +246,11 @@ fn with_etag(status: StatusCode, revision: u64, body: impl Serialize) -> Respons
     answer
 }
 
-#[derive(Serialize)]
-struct SnapshotBody {
-    revision: u64,
-    domains: Vec<DomainBody>,
+/// Every domain at one revision (`GET /v1/rules`).
+#[derive(Serialize, Deserialize)]
+pub(crate) struct SnapshotBody {
+    pub revision: u64,
+    pub domains: Vec<DomainBody>,
 }
 
 async fn snapshot<S: RuleStore + Send + Sync + 'static>(

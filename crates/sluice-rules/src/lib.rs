@@ -7,8 +7,8 @@
 //! a write can name the revision it read and be refused if another came between.
 //!
 //! [`SqliteStore`] is the embedded store (one file, WAL). [`RulesApi`] serves it over HTTP
-//! (JSON, `ETag`/`If-Match`, bearer [`Tokens`] with a scope); the retriever that polls it from
-//! every host is not built yet.
+//! (JSON, `ETag`/`If-Match`, bearer [`Tokens`] with a scope). A [`RulesSource`] polls it from
+//! every host (a 304 while nothing changed) and a [`Snapshot`] is what the host keeps on disk.
 //!
 //! ```
 //! use sluice_rules::{RuleStore, SqliteStore};
@@ -26,10 +26,14 @@
 #![warn(missing_docs)]
 
 mod api;
+mod retriever;
 mod sqlite;
 mod tokens;
 
 pub use api::{MAX_RULES_BYTES, RulesApi};
+pub use retriever::{
+    DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT, FetchError, Fetched, RulesSource, Snapshot, SnapshotError, UrlError,
+};
 pub use sqlite::SqliteStore;
 pub use tokens::{Caller, Scope, Tokens, TokensError};
 

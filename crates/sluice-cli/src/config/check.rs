@@ -7,8 +7,11 @@ use std::net::SocketAddr;
 use sluice::{AlgorithmKind, KeyedLimiter, Quota, TokenBucket};
 use sluice_http::{BuildError, ClientIpHeader, CostRule, IpNet, KeyPart, RateLimitLayer, normalize_path};
 
-use super::raw::{RawConfig, RawCost, RawKey, RawListener, RawRls};
-use super::{ConfigError, LimiterSettings, LoadedRules, ServiceSettings, Settings, duration, error};
+use super::raw::{RawConfig, RawCost, RawKey, RawListener, RawRls, RawRules, RawRulesService};
+use super::{
+    ConfigError, DEFAULT_RULES_POLL, DEFAULT_RULES_SNAPSHOT, LimiterSettings, LoadedRules, RULES_TOKEN_ENV,
+    RulesFrom, RulesService, ServiceSettings, Settings, duration, error,
+};
 
 /// The most keys a config may ask the limiter to hold (about 6 GB of entries): a bound, so a
 /// typo cannot make the server try to allocate without limit at start.
@@ -195,16 +198,19 @@ impl RawConfig {
             .map(|(i, rule)| cost(i, rule))
             .collect::<Result<Vec<_>, _>>()?;
         let service = service(
-            self.rules.as_deref(),
+            self.rules.as_ref(),
             self.rls.as_ref(),
             self.api.as_ref(),
             self.counting.as_deref(),
             dir,
         )?;
-        if let Some(service) = &service
+        if let Some(ServiceSettings {
+            rules: RulesFrom::Files { loaded, .. },
+            ..
+        }) = &service
             && limiter.redis.is_some()
         {
-            rules_fit_redis(&service.rules.0, limiter.algorithm).map_err(|e| error("rules", e))?;
+            rules_fit_redis(&loaded.0, limiter.algorithm).map_err(|e| error("rules", e))?;
         }
         Ok(Settings {
             listen,
@@ -231,7 +237,7 @@ impl RawConfig {
 /// The rate-limit service's settings: the rules loaded and checked (their errors name the
 /// rule file and the field in it), the listeners, the counting.
 fn service(
-    rules: Option<&str>,
+    rules: Option<&RawRules>,
     rls: Option<&RawRls>,
     api: Option<&RawListener>,
     counting: Option<&str>,
@@ -256,25 +262,71 @@ fn service(
             let field = if rls_listen.is_some() { "rls" } else { "api" };
             return Err(error(
                 field,
-                "the service needs rules: give `rules: FILE_OR_DIRECTORY`",
+                "the service needs rules: give `rules: FILE_OR_DIRECTORY` or `rules: {url: ...}`",
             ));
         }
         return Ok(None);
     };
-    let written = std::path::PathBuf::from(rules);
-    let path = match dir {
-        Some(dir) if written.is_relative() => dir.join(&written),
-        _ => written.clone(),
+    let rules = match rules {
+        RawRules::Path(written) => {
+            let path = in_dir(dir, written);
+            let loaded = sluice_descriptors::RuleSet::load(&path).map_err(|e| error("rules", e))?;
+            RulesFrom::Files {
+                path,
+                loaded: std::sync::Arc::new(LoadedRules(loaded)),
+            }
+        }
+        RawRules::Service(service) => RulesFrom::Service(rules_service(service, dir)?),
     };
-    let loaded = sluice_descriptors::RuleSet::load(&path).map_err(|e| error("rules", e))?;
     Ok(Some(ServiceSettings {
-        rules_path: path,
-        rules: std::sync::Arc::new(LoadedRules(loaded)),
+        rules,
         rls: rls_listen,
         api: api_listen,
         counting,
         fields,
     }))
+}
+
+/// A path as written in the config: a relative one is read from the config's directory.
+fn in_dir(dir: Option<&std::path::Path>, written: &str) -> std::path::PathBuf {
+    let written = std::path::PathBuf::from(written);
+    match dir {
+        Some(dir) if written.is_relative() => dir.join(&written),
+        _ => written,
+    }
+}
+
+/// `rules: {url, ...}`: the client of a rules service, checked (its rules are fetched when
+/// the server starts).
+fn rules_service(raw: &RawRulesService, dir: Option<&std::path::Path>) -> Result<RulesService, ConfigError> {
+    let poll = match &raw.poll {
+        Some(text) => duration("rules.poll", text)?,
+        None => DEFAULT_RULES_POLL,
+    };
+    if poll.is_zero() {
+        return Err(error("rules.poll", "must be more than 0"));
+    }
+    let timeout = match &raw.timeout {
+        Some(text) => duration("rules.timeout", text)?,
+        None => sluice_rules::DEFAULT_TIMEOUT,
+    };
+    if timeout.is_zero() {
+        return Err(error("rules.timeout", "must be more than 0"));
+    }
+    let token = raw.token.clone().or_else(|| std::env::var(RULES_TOKEN_ENV).ok());
+    let source = sluice_rules::RulesSource::new(&raw.url, token.as_deref())
+        .map_err(|e| match e {
+            sluice_rules::UrlError::Token => error("rules.token", e),
+            _ => error("rules.url", e),
+        })?
+        .timeout(timeout);
+    let snapshot = in_dir(dir, raw.snapshot.as_deref().unwrap_or(DEFAULT_RULES_SNAPSHOT));
+    Ok(RulesService {
+        url: raw.url.clone(),
+        source,
+        poll,
+        snapshot,
+    })
 }
 
 /// Checks that every rule's algorithm has a Redis script and its quota fits Redis' numbers

@@ -159,10 +159,8 @@ pub struct Settings {
 /// The rate-limit service: descriptor rules and where they are asked for.
 #[derive(Debug, Clone)]
 pub struct ServiceSettings {
-    /// The rules' file or directory, as written in the config.
-    pub rules_path: std::path::PathBuf,
-    /// The rules, loaded and checked.
-    pub rules: std::sync::Arc<LoadedRules>,
+    /// Where the rules come from.
+    pub rules: RulesFrom,
     /// Where the RLS v3 gRPC service listens, if anywhere.
     pub rls: Option<SocketAddr>,
     /// Where the HTTP check API listens, if anywhere.
@@ -172,6 +170,42 @@ pub struct ServiceSettings {
     /// The rate-limit fields answers carry.
     pub fields: sluice_service::FieldSet,
 }
+
+/// Where the service's rules come from.
+#[derive(Debug, Clone)]
+pub enum RulesFrom {
+    /// A file or directory, watched for changes.
+    Files {
+        /// The file or directory (relative paths resolved against the config's directory).
+        path: std::path::PathBuf,
+        /// The rules, loaded and checked.
+        loaded: std::sync::Arc<LoadedRules>,
+    },
+    /// A rules service, polled.
+    Service(RulesService),
+}
+
+/// `rules: {url, poll, timeout, token, snapshot}`: a rules service the host polls.
+#[derive(Debug, Clone)]
+pub struct RulesService {
+    /// The service's URL, as written.
+    pub url: String,
+    /// The client: address, token, timeout.
+    pub source: sluice_rules::RulesSource,
+    /// How often it is asked for a change.
+    pub poll: Duration,
+    /// The file the last good rules are kept in, to start from when the service is down.
+    pub snapshot: std::path::PathBuf,
+}
+
+/// The rules' poll period when `rules.poll` is left out.
+pub const DEFAULT_RULES_POLL: Duration = Duration::from_secs(10);
+
+/// The snapshot file, beside the config, when `rules.snapshot` is left out.
+pub const DEFAULT_RULES_SNAPSHOT: &str = "sluice-rules-snapshot.json";
+
+/// The environment variable a rules-service token is read from when `rules.token` is left out.
+pub const RULES_TOKEN_ENV: &str = "SLUICE_RULES_TOKEN";
 
 /// Loaded descriptor rules (a newtype so settings print without every rule).
 pub struct LoadedRules(pub sluice_descriptors::RuleSet);
@@ -242,8 +276,10 @@ pub fn parse_in(text: &str, dir: Option<&Path>) -> Result<Settings, ConfigError>
             _ => known,
         };
         let message = strip_location(&inner.to_string());
-        let message = message
-            .strip_prefix(&format!("{field}: "))
+        // The parser may name the field, or a section holding it, again: once is enough.
+        let message = (field.match_indices('.').map(|(i, _)| &field[..i]))
+            .chain([field.as_str()])
+            .find_map(|named| message.strip_prefix(&format!("{named}: ")))
             .unwrap_or(&message)
             .to_string();
         error(field, message)

@@ -39,8 +39,9 @@ pub(super) struct RawConfig {
     pub accounts: BTreeMap<String, String>,
     pub costs: Vec<RawCost>,
     pub redis: Option<RawRedis>,
-    /// Descriptor rules (envoy ratelimit's format): a file or a directory.
-    pub rules: Option<String>,
+    /// Descriptor rules (envoy ratelimit's format): a file or a directory, or a rules
+    /// service to poll.
+    pub rules: Option<RawRules>,
     pub rls: Option<RawRls>,
     pub api: Option<RawListener>,
     /// How one request's descriptors are counted (`all_or_nothing` when left out).
@@ -136,4 +137,46 @@ pub(super) struct RawRls {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawListener {
     pub listen: String,
+}
+
+/// `rules:` as written: a path, or a map naming a rules service.
+#[derive(Debug)]
+pub(super) enum RawRules {
+    Path(String),
+    Service(RawRulesService),
+}
+
+/// `rules: {url, ...}`: the rules service a host polls.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRulesService {
+    pub url: String,
+    #[serde(default)]
+    pub poll: Option<String>,
+    #[serde(default)]
+    pub timeout: Option<String>,
+    #[serde(default)]
+    pub token: Option<String>,
+    #[serde(default)]
+    pub snapshot: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for RawRules {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Either;
+        impl<'de> serde::de::Visitor<'de> for Either {
+            type Value = RawRules;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a rules file or directory, or {url, poll, timeout, token, snapshot}")
+            }
+            fn visit_str<E: serde::de::Error>(self, path: &str) -> Result<RawRules, E> {
+                Ok(RawRules::Path(path.to_owned()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<RawRules, A::Error> {
+                RawRulesService::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(RawRules::Service)
+            }
+        }
+        deserializer.deserialize_any(Either)
+    }
 }

@@ -57,9 +57,12 @@ pub fn with_redis_url(mut settings: Settings, url: &str) -> Result<Settings, Con
     for (name, quota) in &settings.accounts {
         fits(format!("accounts.{name}"), quota)?;
     }
-    if let Some(service) = &settings.service {
-        super::check::rules_fit_redis(&service.rules.0, algorithm)
-            .map_err(|e| error("rules (with --redis)", e))?;
+    if let Some(super::ServiceSettings {
+        rules: super::RulesFrom::Files { loaded, .. },
+        ..
+    }) = &settings.service
+    {
+        super::check::rules_fit_redis(&loaded.0, algorithm).map_err(|e| error("rules (with --redis)", e))?;
     }
     let redis = settings.limiter.redis.get_or_insert_with(RedisSettings::default);
     redis.url = Some(url.to_string());

@@ -168,6 +168,46 @@ impl Drop for Server {
     }
 }
 
+/// A running `sluice rules` (the rules service), killed on drop.
+pub struct RulesService {
+    pub child: Child,
+    pub addr: SocketAddr,
+}
+
+impl RulesService {
+    /// Starts `sluice rules --listen 127.0.0.1:0 ARGS...` in `dir` and waits for its listening
+    /// line.
+    pub fn start(dir: &TempDir, args: &[&str]) -> Self {
+        let mut child = sluice()
+            .current_dir(dir.path())
+            .args(["rules", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .trim_end()
+            .strip_prefix("rules listening on http://")
+            .and_then(|rest| rest.strip_suffix('/'))
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .parse()
+            .unwrap();
+        Self { child, addr }
+    }
+}
+
+impl Drop for RulesService {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Polls `ready` until it holds, failing after [`PATIENCE`].
 pub fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
     let deadline = Instant::now() + PATIENCE;
@@ -234,10 +274,16 @@ impl Client {
 
     /// A POST of a JSON body.
     pub fn post_json(&mut self, path: &str, body: &str) -> Response {
-        let head = format!(
-            "POST {path} HTTP/1.1\r\nHost: test\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-            body.len()
-        );
+        self.send("POST", path, &[("content-type", "application/json")], body)
+    }
+
+    /// A request with a body.
+    pub fn send(&mut self, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Response {
+        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: test\r\n");
+        for (k, v) in headers {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        head.push_str(&format!("content-length: {}\r\n\r\n", body.len()));
         let stream = self.reader.get_mut();
         stream.write_all(head.as_bytes()).unwrap();
         stream.write_all(body.as_bytes()).unwrap();

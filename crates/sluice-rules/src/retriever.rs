@@ -1,0 +1,383 @@
+//! The host's side of the rules service: a [`RulesSource`] asks `GET /v1/rules` with the
+//! revision it holds (`If-None-Match`), so an unchanged store costs a 304 and no body; a
+//! changed one comes whole, every domain checked by the same validator as the store's.
+//! A [`Snapshot`] is what a host keeps on disk to start from when the service is down.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::http::{Request, StatusCode, Uri, header};
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper_util::rt::TokioIo;
+use sluice_descriptors::{RuleSet, RulesError};
+use tokio::net::TcpStream;
+
+use crate::api::{DomainBody, SnapshotBody};
+
+/// The largest answer (or snapshot file) taken, unless [`RulesSource::max_bytes`] says
+/// otherwise: far above 10 000 rules, far below what could hurt the host.
+pub const DEFAULT_MAX_BYTES: usize = 64 * 1024 * 1024;
+
+/// How long one poll may take, unless [`RulesSource::timeout`] says otherwise.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a rules service's address was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum UrlError {
+    /// Not a URL.
+    #[error("invalid URL {url:?}: {reason}")]
+    Invalid {
+        /// As given.
+        url: String,
+        /// Why.
+        reason: String,
+    },
+    /// Not `http://`.
+    #[error("{0:?}: only http:// is spoken (put a TLS proxy beside the host for https)")]
+    Scheme(String),
+    /// A token that cannot be sent in a header.
+    #[error("the token holds characters a header cannot carry")]
+    Token,
+}
+
+/// Why a poll brought no rules. The rules held stay; nothing is half-applied.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// The service could not be reached or the connection broke.
+    #[error("cannot reach {address}: {source}")]
+    Connect {
+        /// host:port.
+        address: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The exchange did not finish in time.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// HTTP failed on the connection.
+    #[error("HTTP: {0}")]
+    Http(String),
+    /// The token was refused (401) or may not read (403).
+    #[error("refused ({status}): check the token")]
+    Refused {
+        /// 401 or 403.
+        status: u16,
+    },
+    /// Any other status.
+    #[error("answered {status}: {detail}")]
+    Status {
+        /// The status.
+        status: u16,
+        /// The start of the body.
+        detail: String,
+    },
+    /// The answer is larger than the bound.
+    #[error("answer over {0} bytes")]
+    TooLarge(usize),
+    /// The answer is not the rules' JSON.
+    #[error("not a rules snapshot: {0}")]
+    Json(#[from] serde_json::Error),
+    /// A domain's rules are invalid: the error names the field.
+    #[error("domain '{domain}': {source}")]
+    Rules {
+        /// The domain.
+        domain: String,
+        /// What is wrong.
+        source: RulesError,
+    },
+}
+
+/// Why a snapshot file could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// It could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// What it holds is not a good rules snapshot.
+    #[error("{path}: {source}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: FetchError,
+    },
+}
+
+/// A checked set of rules at one store revision, with the JSON it came as (what is saved).
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// The store's revision.
+    pub revision: u64,
+    /// Every domain's rules.
+    pub rules: RuleSet,
+    json: Bytes,
+}
+
+impl Snapshot {
+    /// Checks a `GET /v1/rules` answer: the JSON, then every domain's rules, each under the
+    /// domain it is filed as.
+    ///
+    /// # Errors
+    /// Not the JSON of a snapshot, or a domain's rules invalid.
+    ///
+    /// # Example
+    /// ```
+    /// let json = r#"{"revision": 3, "domains": [{"domain": "edge", "revision": 3,
+    ///     "rules": "domain: edge\ndescriptors:\n  - key: ip\n    rate_limit: {unit: second, requests_per_unit: 5}\n"}]}"#;
+    /// let snapshot = sluice_rules::Snapshot::from_json(json.as_bytes().to_vec().into())?;
+    /// assert_eq!((snapshot.revision, snapshot.rules.len()), (3, 1));
+    /// # Ok::<(), sluice_rules::FetchError>(())
+    /// ```
+    pub fn from_json(json: Bytes) -> Result<Self, FetchError> {
+        let body: SnapshotBody = serde_json::from_slice(&json)?;
+        let mut domains = Vec::with_capacity(body.domains.len());
+        for DomainBody { domain, rules, .. } in body.domains {
+            let invalid = |source| FetchError::Rules {
+                domain: domain.clone(),
+                source,
+            };
+            let parsed = sluice_descriptors::parse_domain(&rules).map_err(invalid)?;
+            if parsed.name() != domain {
+                let named = format!("the rules are for domain '{}'", parsed.name());
+                return Err(invalid(RulesError {
+                    field: "domain".into(),
+                    message: named,
+                }));
+            }
+            domains.push(parsed);
+        }
+        let rules = RuleSet::from_domains(domains).map_err(|source| FetchError::Rules {
+            domain: "(snapshot)".into(),
+            source,
+        })?;
+        Ok(Self {
+            revision: body.revision,
+            rules,
+            json,
+        })
+    }
+
+    /// Reads and checks a snapshot file written by [`Snapshot::save`].
+    ///
+    /// # Errors
+    /// The file cannot be read, is over `max_bytes`, or holds no good snapshot.
+    pub fn load(path: &Path, max_bytes: usize) -> Result<Self, SnapshotError> {
+        let io = |source| SnapshotError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let invalid = |source| SnapshotError::Invalid {
+            path: path.to_path_buf(),
+            source,
+        };
+        let size = std::fs::metadata(path).map_err(io)?.len();
+        if size > max_bytes as u64 {
+            return Err(invalid(FetchError::TooLarge(max_bytes)));
+        }
+        let json = std::fs::read(path).map_err(io)?;
+        Self::from_json(json.into()).map_err(invalid)
+    }
+
+    /// Writes the snapshot to `path` whole or not at all: a temporary file beside it, synced,
+    /// then renamed over it, so a crash leaves the old file or the new one.
+    ///
+    /// # Errors
+    /// The file or its directory cannot be written.
+    pub fn save(&self, path: &Path) -> Result<(), SnapshotError> {
+        let io = |source| SnapshotError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut temporary = path.as_os_str().to_owned();
+        temporary.push(".tmp");
+        let temporary = PathBuf::from(temporary);
+        let mut file = std::fs::File::create(&temporary).map_err(io)?;
+        file.write_all(&self.json).map_err(io)?;
+        file.sync_all().map_err(io)?;
+        drop(file);
+        std::fs::rename(&temporary, path).map_err(io)
+    }
+}
+
+/// What a poll found.
+#[derive(Debug)]
+pub enum Fetched {
+    /// The store is still at the revision asked with.
+    Unchanged,
+    /// The store's rules, checked.
+    Changed(Snapshot),
+}
+
+/// A rules service to poll: its address, the token to send, and the bounds of one poll.
+///
+/// # Example
+/// ```no_run
+/// use sluice_rules::{Fetched, RulesSource};
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let source = RulesSource::new("http://127.0.0.1:8083", Some("s3cret"))?;
+/// let Fetched::Changed(first) = source.fetch(None).await? else { unreachable!() };
+/// // Later: a 304 while the store stays at that revision.
+/// let next = source.fetch(Some(first.revision)).await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct RulesSource {
+    /// host:port, as sent in `Host` and connected to.
+    authority: String,
+    path: String,
+    authorization: Option<header::HeaderValue>,
+    timeout: Duration,
+    max_bytes: usize,
+}
+
+impl RulesSource {
+    /// The service at `url` (`http://host:port`, optionally with a path prefix), sending
+    /// `token` as a bearer token if given.
+    ///
+    /// # Errors
+    /// Not an `http://` URL with a host, or a token a header cannot carry.
+    pub fn new(url: &str, token: Option<&str>) -> Result<Self, UrlError> {
+        let invalid = |reason: &str| UrlError::Invalid {
+            url: url.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let uri: Uri = url
+            .parse()
+            .map_err(|e: axum::http::uri::InvalidUri| invalid(&e.to_string()))?;
+        match uri.scheme_str() {
+            Some("http") => {}
+            Some(_) => return Err(UrlError::Scheme(url.to_owned())),
+            None => return Err(invalid("give the scheme: http://host:port")),
+        }
+        let Some(host) = uri.host() else {
+            return Err(invalid("no host"));
+        };
+        if uri.query().is_some() {
+            return Err(invalid("a query has no place here"));
+        }
+        let authority = format!("{host}:{}", uri.port_u16().unwrap_or(80));
+        let path = format!("{}/v1/rules", uri.path().trim_end_matches('/'));
+        let authorization = token
+            .map(|token| header::HeaderValue::from_str(&format!("Bearer {token}")))
+            .transpose()
+            .map_err(|_| UrlError::Token)?
+            .map(|mut value| {
+                value.set_sensitive(true);
+                value
+            });
+        Ok(Self {
+            authority,
+            path,
+            authorization,
+            timeout: DEFAULT_TIMEOUT,
+            max_bytes: DEFAULT_MAX_BYTES,
+        })
+    }
+
+    /// How long one poll may take, connection included.
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The largest answer taken.
+    #[must_use]
+    pub fn max_bytes(mut self, max_bytes: usize) -> Self {
+        self.max_bytes = max_bytes;
+        self
+    }
+
+    /// host:port polled.
+    pub fn authority(&self) -> &str {
+        &self.authority
+    }
+
+    /// Asks for the rules; with `known`, a store still at that revision answers
+    /// [`Fetched::Unchanged`] without a body.
+    ///
+    /// # Errors
+    /// The service unreachable or slow, a refused token, an unexpected status, or an answer
+    /// that is not a good snapshot.
+    pub async fn fetch(&self, known: Option<u64>) -> Result<Fetched, FetchError> {
+        match tokio::time::timeout(self.timeout, self.exchange(known)).await {
+            Ok(answer) => answer,
+            Err(_) => Err(FetchError::Timeout(self.timeout)),
+        }
+    }
+
+    async fn exchange(&self, known: Option<u64>) -> Result<Fetched, FetchError> {
+        let connect = |source| FetchError::Connect {
+            address: self.authority.clone(),
+            source,
+        };
+        let stream = TcpStream::connect(self.authority.as_str())
+            .await
+            .map_err(connect)?;
+        stream.set_nodelay(true).map_err(connect)?;
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| FetchError::Http(e.to_string()))?;
+        // The connection is driven beside the request and ends with it.
+        let driver = tokio::spawn(connection);
+        let answer = self.request(&mut sender, known).await;
+        driver.abort();
+        answer
+    }
+
+    async fn request(
+        &self,
+        sender: &mut hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
+        known: Option<u64>,
+    ) -> Result<Fetched, FetchError> {
+        let mut request = Request::get(self.path.as_str())
+            .header(header::HOST, self.authority.as_str())
+            .header(header::ACCEPT, "application/json");
+        if let Some(authorization) = &self.authorization {
+            request = request.header(header::AUTHORIZATION, authorization.clone());
+        }
+        if let Some(revision) = known {
+            request = request.header(header::IF_NONE_MATCH, format!("\"{revision}\""));
+        }
+        let request = request
+            .body(Empty::new())
+            .map_err(|e| FetchError::Http(e.to_string()))?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| FetchError::Http(e.to_string()))?;
+        let status = response.status();
+        if status == StatusCode::NOT_MODIFIED && known.is_some() {
+            return Ok(Fetched::Unchanged);
+        }
+        let body = Limited::new(response.into_body(), self.max_bytes)
+            .collect()
+            .await
+            .map_err(|e| {
+                if e.is::<http_body_util::LengthLimitError>() {
+                    FetchError::TooLarge(self.max_bytes)
+                } else {
+                    FetchError::Http(e.to_string())
+                }
+            })?
+            .to_bytes();
+        match status {
+            StatusCode::OK => Snapshot::from_json(body).map(Fetched::Changed),
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => Err(FetchError::Refused {
+                status: status.as_u16(),
+            }),
+            _ => Err(FetchError::Status {
+                status: status.as_u16(),
+                detail: String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned(),
+            }),
+        }
+    }
+}
