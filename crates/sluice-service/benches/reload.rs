@@ -1,0 +1,75 @@
+//! The cost of applying a changed rule set on a host holding many counters: `Engine::reload`
+//! moves every held counter into the next generation under its rule's new quota (nothing is
+//! reset), so its cost grows with the keys held.
+//!
+//! Run with `cargo bench -p sluice-service --bench reload`. The engine holds one key-only
+//! rule on `user` and 1 000 000 counters (one per value, each taken once); each iteration
+//! applies the other of two rule sets that differ in that rule's quota (1000/s, 999/s), so
+//! every counter is requoted.
+
+use std::future::Future;
+use std::hint::black_box;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use sluice_descriptors::RuleSet;
+use sluice_service::{CheckRequest, Code, CounterSettings, DescriptorRequest, Engine, EngineSettings};
+
+const KEYS: u64 = 1_000_000;
+
+fn rules(per_second: u32) -> RuleSet {
+    RuleSet::from_yaml(&format!(
+        "domain: bench\ndescriptors:\n  - key: user\n    rate_limit: {{unit: second, requests_per_unit: {per_second}}}\n"
+    ))
+    .expect("the bench's rules")
+}
+
+/// The answer of a future that completes at its first poll (an in-memory check).
+fn now<T>(future: impl Future<Output = T>) -> T {
+    let mut future = pin!(future);
+    match future.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(answer) => answer,
+        Poll::Pending => panic!("an in-memory check waited"),
+    }
+}
+
+fn reload(c: &mut Criterion) {
+    let settings = EngineSettings {
+        counters: CounterSettings {
+            capacity: 2 * KEYS as usize,
+            ..CounterSettings::default()
+        },
+        ..EngineSettings::default()
+    };
+    let engine = Engine::new(rules(1000), settings).expect("the bench's engine");
+    let mut request = CheckRequest {
+        domain: "bench".into(),
+        descriptors: vec![DescriptorRequest {
+            entries: vec![("user".into(), String::new())],
+            ..Default::default()
+        }],
+        hits: None,
+    };
+    for value in 0..KEYS {
+        request.descriptors[0].entries[0].1 = value.to_string();
+        let verdict = now(engine.check(&request, false)).expect("a valid request");
+        assert_eq!(verdict.overall, Code::Ok);
+    }
+    let sets = [rules(999), rules(1000)];
+    let mut group = c.benchmark_group("reload");
+    group.sample_size(10);
+    let mut turn = 0;
+    group.bench_function("1m_keys", |b| {
+        b.iter(|| {
+            turn ^= 1;
+            let kept = engine.reload(sets[turn].clone()).expect("the rules build");
+            assert_eq!(kept.moved, KEYS);
+            black_box(kept)
+        });
+    });
+    group.finish();
+}
+
+criterion_group!(benches, reload);
+criterion_main!(benches);
