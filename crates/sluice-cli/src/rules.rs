@@ -1,18 +1,25 @@
 //! `sluice rules`: the rules service on a store in a file (by default `sluice-rules.db` in
-//! the working directory), and the store's bulk import and export in envoy ratelimit's format.
+//! the working directory) or in PostgreSQL (`--db postgres://...`), and the store's bulk
+//! import and export in envoy ratelimit's format.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use sluice_rules::{RuleStore, RulesApi, SqliteStore, StoreError, Tokens};
+use sluice_rules::{PostgresStore, RuleStore, RulesApi, SqliteStore, StoreError, Tokens};
 
 /// `sluice rules` and its subcommands.
 #[derive(Debug, clap::Args)]
 pub struct RulesArgs {
-    /// The store's database file.
-    #[arg(long, value_name = "FILE", default_value = "sluice-rules.db", global = true)]
-    pub db: PathBuf,
+    /// The store: an SQLite database file, or a PostgreSQL URL (`postgres://user@host/db`)
+    /// that several rules services may share.
+    #[arg(
+        long,
+        value_name = "FILE|URL",
+        default_value = "sluice-rules.db",
+        global = true
+    )]
+    pub db: String,
     /// The address the API listens on. Without --tokens only a loopback address is allowed.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8083")]
     pub listen: SocketAddr,
@@ -43,7 +50,17 @@ pub enum RulesAction {
 
 /// Runs `sluice rules`.
 pub fn run(args: RulesArgs) -> Result<(), String> {
-    let store = SqliteStore::open(&args.db).map_err(|e| format!("{}: {e}", args.db.display()))?;
+    if args.db.starts_with("postgres://") || args.db.starts_with("postgresql://") {
+        // The URL may hold a password: errors name the option, not its value.
+        let store = PostgresStore::connect(&args.db).map_err(|e| format!("--db: {e}"))?;
+        on(store, args)
+    } else {
+        let store = SqliteStore::open(args.db.as_ref()).map_err(|e| format!("{}: {e}", args.db))?;
+        on(store, args)
+    }
+}
+
+fn on<S: RuleStore + Send + Sync + 'static>(store: S, args: RulesArgs) -> Result<(), String> {
     match args.action {
         Some(RulesAction::Import { path }) => import(&store, &path),
         Some(RulesAction::Export { domain }) => {
@@ -55,7 +72,7 @@ pub fn run(args: RulesArgs) -> Result<(), String> {
     }
 }
 
-fn import(store: &SqliteStore, path: &Path) -> Result<(), String> {
+fn import(store: &impl RuleStore, path: &Path) -> Result<(), String> {
     let files = rule_files(path)?;
     // Every file checked before anything is stored.
     let mut texts = Vec::with_capacity(files.len());
@@ -94,7 +111,7 @@ fn rule_files(path: &Path) -> Result<Vec<PathBuf>, String> {
     Ok(files)
 }
 
-fn serve(store: SqliteStore, args: &RulesArgs) -> Result<(), String> {
+fn serve<S: RuleStore + Send + Sync + 'static>(store: S, args: &RulesArgs) -> Result<(), String> {
     crate::init_logging();
     let from_env = std::env::var_os("SLUICE_RULES_TOKENS").map(PathBuf::from);
     let tokens = match args.tokens.as_ref().or(from_env.as_ref()) {
@@ -121,7 +138,12 @@ fn serve(store: SqliteStore, args: &RulesArgs) -> Result<(), String> {
             .map_err(|e| format!("--listen {}: {e}", args.listen))?;
         let bound = listener.local_addr().map_err(|e| e.to_string())?;
         println!("rules listening on http://{bound}/");
-        tracing::info!(db = %args.db.display(), tokens = !tokens.is_empty(), "rules service");
+        let db = if args.db.contains("://") {
+            "postgres"
+        } else {
+            args.db.as_str()
+        };
+        tracing::info!(db, tokens = !tokens.is_empty(), "rules service");
         RulesApi::new(Arc::new(store), tokens)
             .serve(listener, shutdown)
             .await

@@ -76,7 +76,9 @@ fn poll(c: &mut Criterion) {
         .expect("a runtime");
     let (_dir, store) = fresh_store();
     for i in 0..1000 {
-        store.create(&domain(&format!("d{i:04}"), 10), "bench").expect("stored");
+        store
+            .create(&domain(&format!("d{i:04}"), 10), "bench")
+            .expect("stored");
     }
     let revision = store.revision().expect("a revision");
     let listener = runtime
@@ -87,7 +89,9 @@ fn poll(c: &mut Criterion) {
     runtime.spawn(async move { api.serve(listener, std::future::pending()).await });
     let source = RulesSource::new(&format!("http://{address}"), None).expect("a URL");
     // Both cases answer what they are named for.
-    let first = runtime.block_on(source.fetch(Some(revision - 1))).expect("a snapshot");
+    let first = runtime
+        .block_on(source.fetch(Some(revision - 1)))
+        .expect("a snapshot");
     assert!(matches!(first, Fetched::Changed(ref s) if s.rules.len() == 10_000));
     let unchanged = runtime.block_on(source.fetch(Some(revision))).expect("a 304");
     assert!(matches!(unchanged, Fetched::Unchanged));
@@ -98,7 +102,13 @@ fn poll(c: &mut Criterion) {
     });
     group.sample_size(10);
     group.bench_function("changed", |b| {
-        b.iter(|| black_box(runtime.block_on(source.fetch(Some(revision - 1))).expect("a snapshot")));
+        b.iter(|| {
+            black_box(
+                runtime
+                    .block_on(source.fetch(Some(revision - 1)))
+                    .expect("a snapshot"),
+            )
+        });
     });
     group.finish();
 }

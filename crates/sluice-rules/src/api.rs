@@ -131,7 +131,12 @@ fn store_problem(error: StoreError) -> Response {
             (StatusCode::UNPROCESSABLE_ENTITY, "Invalid rules")
         }
         StoreError::PageSize(_) => (StatusCode::BAD_REQUEST, "Bad page size"),
-        StoreError::NewerSchema { .. } | StoreError::Database(_) => {
+        // The server gave no answer: another try may find it back.
+        StoreError::Postgres(e) if e.as_db_error().is_none() => {
+            tracing::error!("rules store: {error}");
+            (StatusCode::SERVICE_UNAVAILABLE, "Store unavailable")
+        }
+        StoreError::NewerSchema { .. } | StoreError::Database(_) | StoreError::Postgres(_) => {
             tracing::error!("rules store: {error}");
             (StatusCode::INTERNAL_SERVER_ERROR, "Store failed")
         }

@@ -6,7 +6,8 @@
 //! (who, when, before, after). A domain's revision is that of its last change: its `ETag`, so
 //! a write can name the revision it read and be refused if another came between.
 //!
-//! [`SqliteStore`] is the embedded store (one file, WAL). [`RulesApi`] serves it over HTTP
+//! [`SqliteStore`] is the embedded store (one file, WAL); [`PostgresStore`] one that several
+//! rules-service replicas share. [`RulesApi`] serves it over HTTP
 //! (JSON, `ETag`/`If-Match`, bearer [`Tokens`] with a scope). A [`RulesSource`] polls it from
 //! every host (a 304 while nothing changed) and a [`Snapshot`] is what the host keeps on disk.
 //!
@@ -26,11 +27,13 @@
 #![warn(missing_docs)]
 
 mod api;
+mod postgres;
 mod retriever;
 mod sqlite;
 mod tokens;
 
 pub use api::{MAX_RULES_BYTES, RulesApi};
+pub use postgres::PostgresStore;
 pub use retriever::{
     DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT, FetchError, Fetched, RulesSource, Snapshot, SnapshotError, UrlError,
 };
@@ -123,6 +126,9 @@ pub enum StoreError {
     /// The database failed.
     #[error("database: {0}")]
     Database(#[from] rusqlite::Error),
+    /// PostgreSQL failed or could not be reached.
+    #[error("postgres: {}", postgres_message(.0))]
+    Postgres(#[from] ::postgres::Error),
 }
 
 /// Where rules are kept: every write checks the rules, makes one new revision and one history
@@ -183,6 +189,16 @@ pub trait RuleStore {
     /// # Errors
     /// The database failed.
     fn history(&self, domain: &str) -> Result<Vec<Change>, StoreError>;
+}
+
+/// A PostgreSQL error with the server's own message when there is one.
+fn postgres_message(error: &::postgres::Error) -> String {
+    match error.as_db_error() {
+        Some(db) => format!("{}: {}", db.severity(), db.message()),
+        None => {
+            std::error::Error::source(error).map_or_else(|| error.to_string(), |s| format!("{error}: {s}"))
+        }
+    }
 }
 
 /// Checks a rules file and returns its domain's name.
