@@ -2,7 +2,8 @@
 //! `Hello World!` service behind them.
 
 use std::convert::Infallible;
-use std::future::{Ready, ready};
+use std::future::{Future, Ready, ready};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -12,7 +13,9 @@ use http_body_util::Full;
 use sluice_descriptors::{DomainRules, RuleSet};
 use sluice_http::{BuildError, RateLimit, RateLimitLayer, RouteCosts, TrustedProxies};
 use sluice_redis::{RedisOptions, RedisStore};
-use sluice_service::{CounterSettings, Engine, EngineSettings, LayerBackend, RedisCounters};
+use sluice_service::{
+    CounterSettings, Engine, EngineSettings, LayerBackend, RedisCounters, ValueQuotaSource, ValueQuotas,
+};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -49,6 +52,9 @@ pub enum AppError {
     /// The layer refused a setting.
     #[error(transparent)]
     Layer(#[from] BuildError),
+    /// The quota service's URL.
+    #[error("accounts_url: {0}")]
+    AccountsUrl(#[from] sluice_rules::UrlError),
     /// The `redis:` section gives no URL or cluster and no `--redis` was given.
     #[error("redis.url: not set (give it or redis.cluster in the config, or --redis URL)")]
     NoRedisUrl,
@@ -142,7 +148,7 @@ impl App {
     /// URL came from, for errors.
     pub async fn new(settings: &Settings, url_field: &'static str) -> Result<Self, AppError> {
         let rules = accounts_rules(settings)?;
-        let engine_settings = engine_settings(&settings.limiter);
+        let engine_settings = engine_settings(&settings.limiter)?;
         let engine = match &settings.limiter.redis {
             None => Engine::new(rules, engine_settings)?,
             Some(redis) => {
@@ -206,7 +212,7 @@ impl App {
         let reloaded = match (&old.redis, &new.redis) {
             _ if old.algorithm != new.algorithm => afresh("another algorithm"),
             (None, None) => {
-                let engine = Engine::new(accounts_rules(settings)?, engine_settings(new))?;
+                let engine = Engine::new(accounts_rules(settings)?, engine_settings(new)?)?;
                 let app = Self::with_engine(settings, Arc::new(engine))?;
                 // Last, once nothing can fail: the keys leave the running engine.
                 let reloaded = match self.engine.migrate_into(&app.engine) {
@@ -269,9 +275,20 @@ fn accounts_rules(settings: &Settings) -> Result<RuleSet, sluice_descriptors::Ru
 }
 
 /// The engine's settings from the limiter's: the quota of a key not yet fetched is the
-/// failsafe one (and the pool), for the simulated fetch latency.
-fn engine_settings(limiter: &LimiterSettings) -> EngineSettings {
-    EngineSettings {
+/// failsafe one (and the pool), for the simulated fetch latency or while the quota service
+/// of `accounts_url` answers.
+fn engine_settings(limiter: &LimiterSettings) -> Result<EngineSettings, sluice_rules::UrlError> {
+    let by_value = match &limiter.accounts_url {
+        Some(url) => Some(ValueQuotas {
+            domain: ACCOUNTS_DOMAIN.into(),
+            source: Arc::new(AccountsService(sluice_rules::HttpQuotas::new(
+                url,
+                limiter.fetch_timeout,
+            )?)),
+        }),
+        None => None,
+    };
+    Ok(EngineSettings {
         algorithm: limiter.algorithm,
         counters: CounterSettings {
             capacity: limiter.capacity,
@@ -281,7 +298,17 @@ fn engine_settings(limiter: &LimiterSettings) -> EngineSettings {
             fetch_timeout: limiter.fetch_timeout,
             refresh: limiter.refresh,
         },
+        by_value,
         ..EngineSettings::default()
+    })
+}
+
+/// The quota service of `accounts_url`, asked for an account's quota by the engine.
+struct AccountsService(sluice_rules::HttpQuotas);
+
+impl ValueQuotaSource for AccountsService {
+    fn fetch(&self, account: &str) -> Pin<Box<dyn Future<Output = sluice::FetchResult> + Send + 'static>> {
+        Box::pin(self.0.fetch(account))
     }
 }
 

@@ -92,7 +92,7 @@ pub async fn start(
     };
     let build = async |rules: RuleSet| -> Result<Engine, ServiceError> {
         match &settings.limiter.redis {
-            None => Ok(Engine::new(rules, engine_settings)?),
+            None => Ok(Engine::new(rules, engine_settings.clone())?),
             Some(redis) => {
                 let store = crate::app::connect_redis(redis).await.map_err(|e| match e {
                     RedisBackendError::NoUrl => ServiceError::NoRedisUrl,
@@ -105,7 +105,7 @@ pub async fn start(
                     prefix: format!("{}:descriptors", redis.prefix),
                     ..RedisCounters::new(store)
                 };
-                Ok(Engine::on_redis(rules, engine_settings, counters)?)
+                Ok(Engine::on_redis(rules, engine_settings.clone(), counters)?)
             }
         }
     };

@@ -162,6 +162,47 @@ pub fn push_counter_key(key: &mut String, rule: &Rule, entries: &[Entry<'_>]) {
     }
 }
 
+/// The value of the last entry a counter key was made of (unescaped); `None` for an exact
+/// rule's key, which names no entries.
+///
+/// # Example
+/// ```
+/// use sluice_descriptors::{Entry, RuleSet, counter_key, last_value_of};
+/// let rules = RuleSet::from_yaml("domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 1}\n")?;
+/// let entries = [Entry { key: "user", value: "a\\b\u{1e}c" }];
+/// let key = counter_key(rules.find("d", &entries).unwrap(), &entries);
+/// assert_eq!(last_value_of(&key).as_deref(), Some("a\\b\u{1e}c"));
+/// # Ok::<(), sluice_descriptors::RulesError>(())
+/// ```
+pub fn last_value_of(counter_key: &str) -> Option<String> {
+    let mut escaped = false;
+    let mut entries = None;
+    let mut value_at = None;
+    for (at, c) in counter_key.char_indices() {
+        if escaped {
+            escaped = false;
+        } else if c == ESCAPE {
+            escaped = true;
+        } else if c == COUNTER && entries.is_none() {
+            entries = Some(at);
+        } else if c == PAIR && entries.is_some() {
+            value_at = Some(at + c.len_utf8());
+        }
+    }
+    let escaped_value = &counter_key[value_at?..];
+    let mut value = String::with_capacity(escaped_value.len());
+    let mut escaping = false;
+    for c in escaped_value.chars() {
+        if c == ESCAPE && !escaping {
+            escaping = true;
+        } else {
+            escaping = false;
+            value.push(c);
+        }
+    }
+    Some(value)
+}
+
 /// The rule a counter key was made for.
 ///
 /// # Example

@@ -34,7 +34,7 @@ mod raw;
 mod rules;
 
 pub use error::{LoadError, RulesError};
-pub use key::{RuleId, counter_key, push_counter_key, rule_of};
+pub use key::{RuleId, counter_key, last_value_of, push_counter_key, rule_of};
 pub use rules::{
     DomainRules, Entry, Limit, MAX_DEPTH, MAX_DESCRIPTORS, MAX_TEXT_BYTES, Rule, RuleSet, parse_domain,
 };

@@ -223,7 +223,8 @@ impl DomainRules {
         self.nodes.get(level.find(last)?)?.rule.as_ref()
     }
 
-    fn rules(&self) -> impl Iterator<Item = &Rule> {
+    /// Every rule (descriptor with a `rate_limit`) of this domain.
+    pub fn rules(&self) -> impl Iterator<Item = &Rule> {
         self.nodes.iter().filter_map(|node| node.rule.as_ref())
     }
 }

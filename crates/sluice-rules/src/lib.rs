@@ -10,6 +10,7 @@
 //! rules-service replicas share. [`RulesApi`] serves it over HTTP
 //! (JSON, `ETag`/`If-Match`, bearer [`Tokens`] with a scope). A [`RulesSource`] polls it from
 //! every host (a 304 while nothing changed) and a [`Snapshot`] is what the host keeps on disk.
+//! [`HttpQuotas`] asks a quota service for one key's quota (seed 000's fetch made real).
 //!
 //! ```
 //! use sluice_rules::{RuleStore, SqliteStore};
@@ -27,13 +28,16 @@
 #![warn(missing_docs)]
 
 mod api;
+mod client;
 mod postgres;
+mod quotas;
 mod retriever;
 mod sqlite;
 mod tokens;
 
 pub use api::{MAX_RULES_BYTES, RulesApi};
 pub use postgres::PostgresStore;
+pub use quotas::HttpQuotas;
 pub use retriever::{
     DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT, FetchError, Fetched, RulesSource, Snapshot, SnapshotError, UrlError,
 };

@@ -8,11 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::http::{Request, StatusCode, Uri, header};
-use http_body_util::{BodyExt, Empty, Limited};
-use hyper_util::rt::TokioIo;
+use axum::http::{StatusCode, header};
 use sluice_descriptors::{RuleSet, RulesError};
-use tokio::net::TcpStream;
 
 use crate::api::{DomainBody, SnapshotBody};
 
@@ -245,26 +242,8 @@ impl RulesSource {
     /// # Errors
     /// Not an `http://` URL with a host, or a token a header cannot carry.
     pub fn new(url: &str, token: Option<&str>) -> Result<Self, UrlError> {
-        let invalid = |reason: &str| UrlError::Invalid {
-            url: url.to_owned(),
-            reason: reason.to_owned(),
-        };
-        let uri: Uri = url
-            .parse()
-            .map_err(|e: axum::http::uri::InvalidUri| invalid(&e.to_string()))?;
-        match uri.scheme_str() {
-            Some("http") => {}
-            Some(_) => return Err(UrlError::Scheme(url.to_owned())),
-            None => return Err(invalid("give the scheme: http://host:port")),
-        }
-        let Some(host) = uri.host() else {
-            return Err(invalid("no host"));
-        };
-        if uri.query().is_some() {
-            return Err(invalid("a query has no place here"));
-        }
-        let authority = format!("{host}:{}", uri.port_u16().unwrap_or(80));
-        let path = format!("{}/v1/rules", uri.path().trim_end_matches('/'));
+        let (authority, base) = crate::client::parse_http_url(url)?;
+        let path = format!("{base}/v1/rules");
         let authorization = token
             .map(|token| header::HeaderValue::from_str(&format!("Bearer {token}")))
             .transpose()
@@ -315,60 +294,19 @@ impl RulesSource {
     }
 
     async fn exchange(&self, known: Option<u64>) -> Result<Fetched, FetchError> {
-        let connect = |source| FetchError::Connect {
-            address: self.authority.clone(),
-            source,
-        };
-        let stream = TcpStream::connect(self.authority.as_str())
-            .await
-            .map_err(connect)?;
-        stream.set_nodelay(true).map_err(connect)?;
-        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| FetchError::Http(e.to_string()))?;
-        // The connection is driven beside the request and ends with it.
-        let driver = tokio::spawn(connection);
-        let answer = self.request(&mut sender, known).await;
-        driver.abort();
-        answer
-    }
-
-    async fn request(
-        &self,
-        sender: &mut hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
-        known: Option<u64>,
-    ) -> Result<Fetched, FetchError> {
-        let mut request = Request::get(self.path.as_str())
-            .header(header::HOST, self.authority.as_str())
-            .header(header::ACCEPT, "application/json");
+        let mut headers = Vec::with_capacity(2);
         if let Some(authorization) = &self.authorization {
-            request = request.header(header::AUTHORIZATION, authorization.clone());
+            headers.push((header::AUTHORIZATION, authorization.clone()));
         }
         if let Some(revision) = known {
-            request = request.header(header::IF_NONE_MATCH, format!("\"{revision}\""));
+            let etag = header::HeaderValue::from_str(&format!("\"{revision}\""))
+                .map_err(|e| FetchError::Http(e.to_string()))?;
+            headers.push((header::IF_NONE_MATCH, etag));
         }
-        let request = request
-            .body(Empty::new())
-            .map_err(|e| FetchError::Http(e.to_string()))?;
-        let response = sender
-            .send_request(request)
-            .await
-            .map_err(|e| FetchError::Http(e.to_string()))?;
-        let status = response.status();
+        let (status, body) = crate::client::get(&self.authority, &self.path, headers, self.max_bytes).await?;
         if status == StatusCode::NOT_MODIFIED && known.is_some() {
             return Ok(Fetched::Unchanged);
         }
-        let body = Limited::new(response.into_body(), self.max_bytes)
-            .collect()
-            .await
-            .map_err(|e| {
-                if e.is::<http_body_util::LengthLimitError>() {
-                    FetchError::TooLarge(self.max_bytes)
-                } else {
-                    FetchError::Http(e.to_string())
-                }
-            })?
-            .to_bytes();
         match status {
             StatusCode::OK => Snapshot::from_json(body).map(Fetched::Changed),
             StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => Err(FetchError::Refused {

@@ -3,7 +3,9 @@
 //! its rule at once (a source that never waits).
 
 use std::any::Any;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +13,7 @@ use sluice::{
     Algorithm, AlgorithmKind, AlgorithmVisitor, CheckError, Decision, FetchResult, KeyedBuildError,
     KeyedLimiter, KeyedLink, KeyedMetrics, Link, Migrated, Quota, QuotaSource, Receipt,
 };
-use sluice_descriptors::{Entry, Rule, RuleId, push_counter_key, rule_of};
+use sluice_descriptors::{Entry, Rule, RuleId, RuleSet, last_value_of, push_counter_key, rule_of};
 
 /// How a counter key starts: governed by its rule's quota, or by a quota the request set.
 const BY_RULE: char = 'r';
@@ -35,12 +37,41 @@ pub(crate) fn write_counter(key: &mut String, rule: &Rule, entries: &[Entry<'_>]
     push_counter_key(key, rule, entries);
 }
 
+/// A source of quotas by descriptor value: what [`ValueQuotas`] asks.
+pub trait ValueQuotaSource: Send + Sync + 'static {
+    /// The quota of `value` (`Ok(None)`: the source does not know it; its rule's own quota
+    /// applies).
+    fn fetch(&self, value: &str) -> Pin<Box<dyn Future<Output = FetchResult> + Send + 'static>>;
+}
+
+/// Where one domain's quotas come from value by value (seed 000: each account's quota asked
+/// of the service that keeps it): a counter of a rule of `domain` that is not exact (a
+/// key-only or prefix rule) takes the quota `source` gives for its descriptor's value; the
+/// failsafe quota and pool govern it while the answer comes, and its last answer stays when
+/// the source fails. Exact rules keep their own quotas.
+#[derive(Clone)]
+pub struct ValueQuotas {
+    /// The domain.
+    pub domain: String,
+    /// The source.
+    pub source: Arc<dyn ValueQuotaSource>,
+}
+
+impl std::fmt::Debug for ValueQuotas {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ValueQuotas")
+            .field("domain", &self.domain)
+            .finish_non_exhaustive()
+    }
+}
+
 /// The quotas of one generation of rules, by rule: what the limiters' source answers, after
-/// the simulated fetch latency if there is one.
+/// the simulated fetch latency if there is one, or from a [`ValueQuotas`] source.
 #[derive(Clone, Default)]
 pub(crate) struct RuleQuotas {
     quotas: Arc<HashMap<RuleId, Quota>>,
     latency: Duration,
+    by_value: Option<(Arc<HashSet<RuleId>>, Arc<dyn ValueQuotaSource>)>,
 }
 
 impl RuleQuotas {
@@ -48,34 +79,76 @@ impl RuleQuotas {
         Self {
             quotas: Arc::new(quotas),
             latency,
+            by_value: None,
         }
     }
 
-    /// The quota of a counter key: its override's, or its rule's in this generation.
+    /// The rules of `by_value`'s domain that are not exact ask its source.
+    pub(crate) fn by_value(mut self, rules: &RuleSet, by_value: &ValueQuotas) -> Self {
+        let asked: HashSet<RuleId> = rules
+            .domain(&by_value.domain)
+            .into_iter()
+            .flat_map(|domain| domain.rules())
+            .filter(|rule| !rule.exact)
+            .map(|rule| rule.id.clone())
+            .collect();
+        self.by_value = Some((Arc::new(asked), Arc::clone(&by_value.source)));
+        self
+    }
+
+    /// The quota of a counter key: its override's, or its rule's in this generation. `None`
+    /// for a key whose quota its value's source gives (it keeps the quota it holds).
     pub(crate) fn quota_of(&self, key: &str) -> Option<Quota> {
         if let Some(rest) = key.strip_prefix(BY_OVERRIDE) {
             let (quota, _) = rest.split_once(OVERRIDE_END)?;
             return quota.parse().ok();
         }
         let id = rule_of(key.strip_prefix(BY_RULE)?)?;
+        if self
+            .by_value
+            .as_ref()
+            .is_some_and(|(asked, _)| asked.contains(&id))
+        {
+            return None;
+        }
         self.quotas.get(&id).copied()
+    }
+
+    /// The source and value to ask for a key of a rule whose quotas come by value.
+    fn asked(&self, key: &str) -> Option<(&Arc<dyn ValueQuotaSource>, String)> {
+        let (asked, source) = self.by_value.as_ref()?;
+        let counter = key.strip_prefix(BY_RULE)?;
+        if !asked.contains(&rule_of(counter)?) {
+            return None;
+        }
+        Some((source, last_value_of(counter)?))
     }
 }
 
 impl QuotaSource<String> for RuleQuotas {
     fn fetch(&self, key: &String) -> impl Future<Output = FetchResult> + Send + 'static {
+        use futures_util::future::Either;
+        if let Some((source, value)) = self.asked(key) {
+            // The value's quota, or its rule's when the source does not know it.
+            let fallback = key
+                .strip_prefix(BY_RULE)
+                .and_then(rule_of)
+                .and_then(|id| self.quotas.get(&id).copied());
+            let asking = source.fetch(&value);
+            return Either::Left(async move { Ok(asking.await?.or(fallback)) });
+        }
         // A key of a rule no longer configured: the unknown-key quota (no check reaches it,
         // as every check finds its rule first).
         let quota = self.quota_of(key);
         let latency = self.latency;
         // Without a latency this is ready at its first poll: the check that fetches it is
         // decided on the rule's quota.
-        async move {
+        Either::Right(async move {
             if !latency.is_zero() {
                 tokio::time::sleep(latency).await;
             }
             Ok(quota)
-        }
+        })
     }
 }
 

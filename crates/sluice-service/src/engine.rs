@@ -14,7 +14,7 @@ use sluice::{AlgorithmKind, CheckError, Decision, KeyedBuildError, Migrated, Quo
 use sluice_descriptors::{Entry, Limit, Rule, RuleId, RuleSet};
 use sluice_http::FieldPolicy;
 
-use crate::counters::{self, CounterSettings, Counters, RuleQuotas, write_counter};
+use crate::counters::{self, CounterSettings, Counters, RuleQuotas, ValueQuotas, write_counter};
 use crate::shared::{self, RedisCounters, SharedCounters};
 
 /// How one request's descriptors are counted.
@@ -95,7 +95,7 @@ impl Default for RequestBounds {
 }
 
 /// The engine's settings.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct EngineSettings {
     /// The algorithm of rules that name none.
     pub algorithm: AlgorithmKind,
@@ -107,6 +107,8 @@ pub struct EngineSettings {
     pub bounds: RequestBounds,
     /// The counters' bounds.
     pub counters: CounterSettings,
+    /// A domain whose quotas are asked value by value, if any.
+    pub by_value: Option<ValueQuotas>,
 }
 
 impl Default for EngineSettings {
@@ -117,6 +119,7 @@ impl Default for EngineSettings {
             fields: FieldSet::default(),
             bounds: RequestBounds::default(),
             counters: CounterSettings::default(),
+            by_value: None,
         }
     }
 }
@@ -418,7 +421,10 @@ impl Engine {
                 kinds.push(kind);
             }
         }
-        let quotas = RuleQuotas::new(quotas, settings.counters.fetch_latency);
+        let mut quotas = RuleQuotas::new(quotas, settings.counters.fetch_latency);
+        if let Some(by_value) = &settings.by_value {
+            quotas = quotas.by_value(&rules, by_value);
+        }
         let store = match redis {
             None => Store::Memory(
                 kinds

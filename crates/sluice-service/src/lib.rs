@@ -15,7 +15,7 @@ mod rls;
 mod shared;
 
 pub use api::{CheckApi, MAX_BODY_BYTES};
-pub use counters::CounterSettings;
+pub use counters::{CounterSettings, ValueQuotaSource, ValueQuotas};
 pub use engine::{
     AppliedLimit, BuildError, CheckRequest, Code, Counting, DescriptorRequest, DescriptorStatus, Engine,
     EngineSettings, FieldSet, Reloaded, RequestBounds, RequestError, Verdict,

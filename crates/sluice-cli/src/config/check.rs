@@ -121,6 +121,9 @@ impl RawConfig {
                 ),
             ));
         }
+        if let Some(url) = &self.accounts_url {
+            sluice_rules::HttpQuotas::new(url, fetch_timeout).map_err(|e| error("accounts_url", e))?;
+        }
         let limiter = LimiterSettings {
             algorithm,
             failsafe,
@@ -131,6 +134,7 @@ impl RawConfig {
             refresh,
             capacity,
             redis,
+            accounts_url: self.accounts_url.clone(),
         };
 
         let ipv6_prefix = match self.ipv6_prefix {

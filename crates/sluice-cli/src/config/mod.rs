@@ -79,6 +79,8 @@ pub struct LimiterSettings {
     pub capacity: usize,
     /// Limits shared through Redis instead of held in memory.
     pub redis: Option<RedisSettings>,
+    /// The quota service asked for each key not in `accounts` (`http://.../{key}`), checked.
+    pub accounts_url: Option<String>,
 }
 
 impl LimiterSettings {
@@ -95,6 +97,7 @@ impl LimiterSettings {
             refresh,
             capacity,
             redis,
+            accounts_url,
         } = self;
         let mut changed = Vec::new();
         let mut differs = |name, yes| {
@@ -111,6 +114,7 @@ impl LimiterSettings {
         differs("refresh", *refresh != other.refresh);
         differs("capacity", *capacity != other.capacity);
         differs("redis", *redis != other.redis);
+        differs("accounts_url", *accounts_url != other.accounts_url);
         changed
     }
 }

@@ -37,6 +37,8 @@ pub(super) struct RawConfig {
     pub headers: bool,
     pub bypass: Vec<String>,
     pub accounts: BTreeMap<String, String>,
+    /// A quota service asked for every key not in `accounts`.
+    pub accounts_url: Option<String>,
     pub costs: Vec<RawCost>,
     pub redis: Option<RawRedis>,
     /// Descriptor rules (envoy ratelimit's format): a file or a directory, or a rules
@@ -72,6 +74,7 @@ impl Default for RawConfig {
             headers: true,
             bypass: Vec::new(),
             accounts: BTreeMap::new(),
+            accounts_url: None,
             costs: Vec::new(),
             redis: None,
             rules: None,

@@ -1,0 +1,81 @@
+//! The one HTTP request a host makes of a service it reads its limits from (the rules
+//! service, a quota service): a GET on a new HTTP/1.1 connection, its answer bounded.
+
+use axum::body::Bytes;
+use axum::http::{HeaderName, HeaderValue, Request, StatusCode, Uri, header};
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+use crate::{FetchError, UrlError};
+
+/// Where an `http://` URL points: the `host:port` to connect to and name in `Host`, and the
+/// path (without a trailing `/`).
+pub(crate) fn parse_http_url(url: &str) -> Result<(String, String), UrlError> {
+    let invalid = |reason: &str| UrlError::Invalid {
+        url: url.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let uri: Uri = url
+        .parse()
+        .map_err(|e: axum::http::uri::InvalidUri| invalid(&e.to_string()))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some(_) => return Err(UrlError::Scheme(url.to_owned())),
+        None => return Err(invalid("give the scheme: http://host:port")),
+    }
+    let Some(host) = uri.host() else {
+        return Err(invalid("no host"));
+    };
+    if uri.query().is_some() {
+        return Err(invalid("a query has no place here"));
+    }
+    let authority = format!("{host}:{}", uri.port_u16().unwrap_or(80));
+    Ok((authority, uri.path().trim_end_matches('/').to_owned()))
+}
+
+/// GETs `path` from `authority` with `headers`: the status and a body of at most
+/// `max_bytes`. The caller bounds the time.
+pub(crate) async fn get(
+    authority: &str,
+    path: &str,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    max_bytes: usize,
+) -> Result<(StatusCode, Bytes), FetchError> {
+    let connect = |source| FetchError::Connect {
+        address: authority.to_owned(),
+        source,
+    };
+    let http = |e: &dyn std::fmt::Display| FetchError::Http(e.to_string());
+    let stream = TcpStream::connect(authority).await.map_err(connect)?;
+    stream.set_nodelay(true).map_err(connect)?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| http(&e))?;
+    // The connection is driven beside the request and ends with it.
+    let driver = tokio::spawn(connection);
+    let answer = async {
+        let mut request = Request::get(path)
+            .header(header::HOST, authority)
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| http(&e))?;
+        request.headers_mut().extend(headers);
+        let response = sender.send_request(request).await.map_err(|e| http(&e))?;
+        let status = response.status();
+        let body = Limited::new(response.into_body(), max_bytes)
+            .collect()
+            .await
+            .map_err(|e| {
+                if e.is::<http_body_util::LengthLimitError>() {
+                    FetchError::TooLarge(max_bytes)
+                } else {
+                    http(&e)
+                }
+            })?
+            .to_bytes();
+        Ok((status, body))
+    }
+    .await;
+    driver.abort();
+    answer
+}
