@@ -6,6 +6,7 @@
 //! | `GET /v1/domains?prefix=&after=&limit=` | a page of domains (name and revision), `next` to pass as `after` |
 //! | `GET /v1/domains/{domain}` | its rules file and revision; `ETag` |
 //! | `PUT /v1/domains/{domain}` | the body is the rules file: creates (201), or replaces with `If-Match: "N"` (200; 412 if the domain moved on, 428 without it); `If-None-Match: *` creates only |
+//! | `PATCH /v1/domains/{domain}` | a JSON Patch (`application/json-patch+json`, RFC 6902) on the rules file's fields, with `If-Match` (200; 412, 428; 409 when a `test` fails, 422 when an operation does not apply or the result is not valid rules) |
 //! | `DELETE /v1/domains/{domain}` | with `If-Match` (204; 412, 428) |
 //! | `GET /v1/domains/{domain}/history` | every change: revision, who, when, before, after |
 //!
@@ -26,6 +27,7 @@ use axum::routing::get;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
+use crate::patch::PatchError;
 use crate::tokens::{Caller, Scope, Tokens};
 use crate::{DomainRecord, RuleStore, StoreError};
 
@@ -80,7 +82,10 @@ impl<S: RuleStore + Send + Sync + 'static> RulesApi<S> {
             .route("/v1/domains", get(list::<S>))
             .route(
                 "/v1/domains/{domain}",
-                get(read::<S>).put(write::<S>).delete(remove::<S>),
+                get(read::<S>)
+                    .put(write::<S>)
+                    .patch(patch::<S>)
+                    .delete(remove::<S>),
             )
             .route("/v1/domains/{domain}/history", get(history::<S>))
             .layer(DefaultBodyLimit::max(MAX_RULES_BYTES))
@@ -372,16 +377,9 @@ async fn write<S: RuleStore + Send + Sync + 'static>(
         Ok(caller) => caller,
         Err(refused) => return *refused,
     };
-    let body = match body {
+    let body = match readable(body) {
         Ok(body) => body,
-        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            return problem(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "Rules too large",
-                format!("a rules file is at most {MAX_RULES_BYTES} bytes"),
-            );
-        }
-        Err(rejection) => return problem(rejection.status(), "Unreadable body", rejection.body_text()),
+        Err(refused) => return *refused,
     };
     let Ok(text) = String::from_utf8(body.to_vec()) else {
         return problem(
@@ -435,6 +433,89 @@ async fn write<S: RuleStore + Send + Sync + 'static>(
             "If-Match required",
             "the domain exists: send If-Match with the ETag you read (or *)",
         ),
+        Err(failed) => *failed,
+    }
+}
+
+/// A request body within the bound, or the answer saying why not.
+fn readable(body: Result<Bytes, BytesRejection>) -> Result<Bytes, Refused> {
+    match body {
+        Ok(body) => Ok(body),
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(Box::new(problem(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "Body too large",
+            format!("a body is at most {MAX_RULES_BYTES} bytes"),
+        ))),
+        Err(rejection) => Err(Box::new(problem(
+            rejection.status(),
+            "Unreadable body",
+            rejection.body_text(),
+        ))),
+    }
+}
+
+/// `PATCH /v1/domains/{domain}`: a JSON Patch applied to the domain at the revision named by
+/// `If-Match`, stored as a replace (checked; one revision, one history entry).
+async fn patch<S: RuleStore + Send + Sync + 'static>(
+    State(shared): State<Arc<Shared<S>>>,
+    Path(domain): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let caller = match authorize(&shared, &headers, Scope::Write) {
+        Ok(caller) => caller,
+        Err(refused) => return *refused,
+    };
+    let kind = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
+    if !kind.is_some_and(|kind| kind.trim().starts_with("application/json-patch+json")) {
+        return problem(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "JSON Patch expected",
+            "send Content-Type: application/json-patch+json",
+        );
+    }
+    let body = match readable(body) {
+        Ok(body) => body,
+        Err(refused) => return *refused,
+    };
+    let if_match = match precondition(&headers, header::IF_MATCH) {
+        Ok(Some(if_match)) => if_match,
+        Ok(None) => {
+            return problem(
+                StatusCode::PRECONDITION_REQUIRED,
+                "If-Match required",
+                "send If-Match with the ETag you read (or *)",
+            );
+        }
+        Err(bad) => return *bad,
+    };
+    let answer = blocking(&shared, move |store| {
+        let held = store.get(&domain)?;
+        let expected = if_match.unwrap_or(held.revision);
+        if expected != held.revision {
+            return Err(StoreError::Stale {
+                domain,
+                expected,
+                current: held.revision,
+            });
+        }
+        match crate::patch::apply(&held.text, &body) {
+            Ok(text) => Ok(Ok(store.replace(&domain, &text, Some(expected), &caller.name)?)),
+            Err(e) => Ok(Err(e)),
+        }
+    })
+    .await;
+    match answer {
+        Ok(Ok(record)) => with_etag(StatusCode::OK, record.revision, DomainBody::from(record)),
+        Ok(Err(e)) => {
+            let (status, title) = match &e {
+                PatchError::Syntax(_) | PatchError::TooLong(_) => (StatusCode::BAD_REQUEST, "Bad patch"),
+                PatchError::TestFailed { .. } => (StatusCode::CONFLICT, "Patch test failed"),
+                PatchError::Operation { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "Patch does not apply"),
+                PatchError::Stored(_) => (StatusCode::INTERNAL_SERVER_ERROR, "Store failed"),
+            };
+            problem(status, title, e.to_string())
+        }
         Err(failed) => *failed,
     }
 }

@@ -29,6 +29,7 @@
 
 mod api;
 mod client;
+mod patch;
 mod postgres;
 mod quotas;
 mod retriever;
@@ -36,6 +37,7 @@ mod sqlite;
 mod tokens;
 
 pub use api::{MAX_RULES_BYTES, RulesApi};
+pub use patch::{MAX_PATCH_OPERATIONS, PatchError};
 pub use postgres::PostgresStore;
 pub use quotas::HttpQuotas;
 pub use retriever::{

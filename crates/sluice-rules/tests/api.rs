@@ -313,3 +313,73 @@ fn tokens_files_are_checked_line_by_line() {
         .unwrap();
     assert!(hashed.caller("test").is_some());
 }
+
+#[tokio::test]
+async fn a_json_patch_changes_one_field_at_the_revision_read() {
+    let (addr, _dir) = serve("").await;
+    assert_eq!(
+        call(addr, "PUT", "/v1/domains/edge", &[], &rules("edge", 60))
+            .await
+            .status,
+        201
+    );
+    let json_patch = [
+        ("content-type", "application/json-patch+json"),
+        ("if-match", "\"1\""),
+    ];
+    let lower = r#"[{"op": "test", "path": "/descriptors/0/rate_limit/requests_per_unit", "value": 60},
+                    {"op": "replace", "path": "/descriptors/0/rate_limit/requests_per_unit", "value": 30}]"#;
+    let patched = call(addr, "PATCH", "/v1/domains/edge", &json_patch, lower).await;
+    assert_eq!(patched.status, 200, "{}", patched.body);
+    assert_eq!(patched.header("etag").as_deref(), Some("\"2\""));
+    let body: serde_json::Value = serde_json::from_str(&patched.body).unwrap();
+    let text = body["rules"].as_str().unwrap();
+    assert!(text.contains("requests_per_unit: 30"), "{text}");
+    sluice_descriptors::parse_domain(text).unwrap();
+
+    // The same patch again: it read revision 1, the domain is at 2.
+    let stale = call(addr, "PATCH", "/v1/domains/edge", &json_patch, lower).await;
+    assert_eq!(stale.status, 412, "{}", stale.body);
+    let at_2 = [
+        ("content-type", "application/json-patch+json"),
+        ("if-match", "\"2\""),
+    ];
+    // At the right revision, its test fails: the value is 30 now.
+    let conflict = call(addr, "PATCH", "/v1/domains/edge", &at_2, lower).await;
+    assert_eq!(conflict.status, 409, "{}", conflict.body);
+    // A patch whose result is not valid rules is refused with the field named.
+    let invalid = r#"[{"op": "replace", "path": "/descriptors/0/rate_limit/unit", "value": "fortnight"}]"#;
+    let refused = call(addr, "PATCH", "/v1/domains/edge", &at_2, invalid).await;
+    assert_eq!(refused.status, 422, "{}", refused.body);
+    assert!(
+        refused.body.contains("descriptors[0].rate_limit.unit"),
+        "{}",
+        refused.body
+    );
+    // A path that is not there; no If-Match; not a JSON Patch.
+    let nowhere = r#"[{"op": "remove", "path": "/descriptors/5"}]"#;
+    assert_eq!(
+        call(addr, "PATCH", "/v1/domains/edge", &at_2, nowhere)
+            .await
+            .status,
+        422
+    );
+    let unconditional = [("content-type", "application/json-patch+json")];
+    assert_eq!(
+        call(addr, "PATCH", "/v1/domains/edge", &unconditional, lower)
+            .await
+            .status,
+        428
+    );
+    let plain = [("content-type", "application/json"), ("if-match", "\"2\"")];
+    assert_eq!(
+        call(addr, "PATCH", "/v1/domains/edge", &plain, lower)
+            .await
+            .status,
+        415
+    );
+    // Nothing of the refused ones was stored.
+    let history = call(addr, "GET", "/v1/domains/edge/history", &[], "").await;
+    let changes: serde_json::Value = serde_json::from_str(&history.body).unwrap();
+    assert_eq!(changes.as_array().map(Vec::len), Some(2), "{}", history.body);
+}
