@@ -45,7 +45,7 @@ pub enum ServiceError {
         /// Why it gave none.
         fetch: Box<dyn std::error::Error + Send + Sync>,
         /// Why the snapshot could not be used.
-        snapshot: SnapshotError,
+        snapshot: Box<SnapshotError>,
     },
     /// A listener could not be bound.
     #[error("{field}: cannot listen on {addr}: {source}")]
@@ -289,7 +289,7 @@ async fn first_rules(
         ServiceError::NoRules {
             url: remote.url.clone(),
             fetch: failed.to_string().into(),
-            snapshot,
+            snapshot: Box::new(snapshot),
         }
     })?;
     tracing::warn!(

@@ -71,8 +71,11 @@ impl std::fmt::Debug for ValueQuotas {
 pub(crate) struct RuleQuotas {
     quotas: Arc<HashMap<RuleId, Quota>>,
     latency: Duration,
-    by_value: Option<(Arc<HashSet<RuleId>>, Arc<dyn ValueQuotaSource>)>,
+    by_value: Option<AskedByValue>,
 }
+
+/// The rules whose counters' quotas a [`ValueQuotaSource`] gives, and that source.
+type AskedByValue = (Arc<HashSet<RuleId>>, Arc<dyn ValueQuotaSource>);
 
 impl RuleQuotas {
     pub(crate) fn new(quotas: HashMap<RuleId, Quota>, latency: Duration) -> Self {
