@@ -207,7 +207,10 @@ async fn check(
         Ok(request) => request,
         Err(detail) => return problem(StatusCode::BAD_REQUEST, "Malformed check request", detail),
     };
-    match engine.check(&request, peek).await {
+    let started = std::time::Instant::now();
+    let verdict = engine.check(&request, peek).await;
+    engine.record_latency(crate::FrontEnd::CheckApi, started.elapsed());
+    match verdict {
         Ok(verdict) => axum::Json(to_body(verdict)).into_response(),
         Err(e) => problem(
             StatusCode::BAD_REQUEST,

@@ -16,6 +16,7 @@ use sluice_http::FieldPolicy;
 
 use crate::counters::{self, CounterSettings, Counters, RuleQuotas, ValueQuotas, write_counter};
 use crate::shared::{self, RedisCounters, SharedCounters};
+use crate::stats::{FrontEnd, Latency, LatencySnapshot, RuleCounts, RuleStats};
 
 /// How one request's descriptors are counted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -109,6 +110,9 @@ pub struct EngineSettings {
     pub counters: CounterSettings,
     /// A domain whose quotas are asked value by value, if any.
     pub by_value: Option<ValueQuotas>,
+    /// At most this many denials a second are logged (target `sluice::denied`, naming the
+    /// rule and the key); 0 logs none.
+    pub denied_log_per_second: u32,
 }
 
 impl Default for EngineSettings {
@@ -120,6 +124,7 @@ impl Default for EngineSettings {
             bounds: RequestBounds::default(),
             counters: CounterSettings::default(),
             by_value: None,
+            denied_log_per_second: 0,
         }
     }
 }
@@ -269,6 +274,9 @@ pub(crate) struct Generation {
     /// The quotas of its rules, by counter key.
     quotas: RuleQuotas,
     pub(crate) store: Store,
+    /// Each rule's decisions, carried from the generation before while the rule keeps its
+    /// place.
+    pub(crate) stats: HashMap<RuleId, Arc<RuleStats>>,
 }
 
 impl Generation {
@@ -334,6 +342,10 @@ pub struct Engine {
     pub(crate) current: ArcSwap<Generation>,
     pub(crate) settings: EngineSettings,
     redis: Option<RedisCounters>,
+    /// Decision latency by front end ([`FrontEnd`] order).
+    latency: [Latency; 3],
+    /// Paces the denied-request log.
+    denied_log: Option<sluice::RateLimiter<sluice::TokenBucket>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -356,18 +368,31 @@ pub struct Reloaded {
     pub dropped: u64,
 }
 
+/// One rule's decisions, as [`Engine::rule_counts`] reports them.
+#[derive(Debug, Clone)]
+pub struct RuleReport {
+    /// Its domain.
+    pub domain: String,
+    /// Its place.
+    pub rule: RuleId,
+    /// Its name, if it has one.
+    pub name: Option<String>,
+    /// Its limit.
+    pub limit: Limit,
+    /// In shadow mode.
+    pub shadow: bool,
+    /// Its decisions so far (since it took this place, across reloads).
+    pub counts: RuleCounts,
+}
+
 impl Engine {
     /// An engine deciding on `rules`, its counters in this process.
     ///
     /// # Errors
     /// A limiter could not be built with the settings.
     pub fn new(rules: RuleSet, settings: EngineSettings) -> Result<Self, BuildError> {
-        let generation = Self::generation(rules, &settings, None)?;
-        Ok(Self {
-            current: ArcSwap::from_pointee(generation),
-            settings,
-            redis: None,
-        })
+        let generation = Self::generation(rules, &settings, None, None)?;
+        Ok(Self::around(generation, settings, None))
     }
 
     /// An engine deciding on `rules`, its counters on Redis: every engine on the same Redis
@@ -385,19 +410,37 @@ impl Engine {
         settings: EngineSettings,
         redis: RedisCounters,
     ) -> Result<Self, BuildError> {
-        let generation = Self::generation(rules, &settings, Some(&redis))?;
-        Ok(Self {
+        let generation = Self::generation(rules, &settings, Some(&redis), None)?;
+        Ok(Self::around(generation, settings, Some(redis)))
+    }
+
+    fn around(generation: Generation, settings: EngineSettings, redis: Option<RedisCounters>) -> Self {
+        let denied_log =
+            std::num::NonZeroU64::new(u64::from(settings.denied_log_per_second)).and_then(|per_second| {
+                sluice::RateLimiter::new(sluice::TokenBucket, Quota::per_second(per_second)).ok()
+            });
+        Self {
             current: ArcSwap::from_pointee(generation),
             settings,
-            redis: Some(redis),
-        })
+            redis,
+            latency: Default::default(),
+            denied_log,
+        }
     }
 
     fn generation(
         rules: RuleSet,
         settings: &EngineSettings,
         redis: Option<&RedisCounters>,
+        previous: Option<&Generation>,
     ) -> Result<Generation, BuildError> {
+        let stats = rules
+            .rules()
+            .map(|rule| {
+                let held = previous.and_then(|p| p.stats.get(&rule.id));
+                (rule.id.clone(), held.cloned().unwrap_or_default())
+            })
+            .collect();
         let mut quotas = HashMap::new();
         let mut policies = HashMap::new();
         let mut kinds = vec![settings.algorithm];
@@ -450,6 +493,7 @@ impl Engine {
             policies,
             quotas,
             store,
+            stats,
         })
     }
 
@@ -462,8 +506,8 @@ impl Engine {
     /// A limiter could not be built, or (on Redis) a rule cannot be counted there; the
     /// running rules stay.
     pub fn reload(&self, rules: RuleSet) -> Result<Reloaded, BuildError> {
-        let next = Self::generation(rules, &self.settings, self.redis.as_ref())?;
         let old = self.current.load_full();
+        let next = Self::generation(rules, &self.settings, self.redis.as_ref(), Some(&old))?;
         let reloaded = match &old.store {
             // An algorithm no rule uses any more has no limiter to move into.
             Store::Memory(counters) => move_counters(
@@ -510,6 +554,125 @@ impl Engine {
         Some(move_counters(pairs.into_iter(), &to.quotas))
     }
 
+    /// Counts each limited status of a decided request under its rule.
+    fn record(&self, generation: &Generation, request: &CheckRequest, statuses: &[DescriptorStatus]) {
+        let hits = request.hits.filter(|h| *h > 0).unwrap_or(1);
+        for (status, descriptor) in statuses.iter().zip(&request.descriptors) {
+            let Some(limit) = &status.limit else { continue };
+            let Some(stats) = generation.stats.get(&limit.rule) else {
+                continue;
+            };
+            let over = status.code == Code::OverLimit;
+            let key = || {
+                let mut key = String::new();
+                for (i, (name, value)) in descriptor.entries.iter().enumerate() {
+                    if i > 0 {
+                        key.push(',');
+                    }
+                    key.push_str(name);
+                    key.push('=');
+                    key.push_str(value);
+                }
+                Some(key)
+            };
+            let hits = descriptor.hits.filter(|h| *h > 0).unwrap_or(hits);
+            if over && !limit.shadow {
+                self.log_denied(&limit.rule, &key().unwrap_or_default());
+            }
+            stats.record(hits, over, limit.shadow, key);
+        }
+    }
+
+    /// Logs a denial, at most `denied_log_per_second` a second.
+    pub(crate) fn log_denied(&self, rule: &RuleId, key: &str) {
+        if self
+            .denied_log
+            .as_ref()
+            .is_some_and(|pace| pace.check().is_allowed())
+        {
+            tracing::info!(target: "sluice::denied", rule = %rule, key, "denied");
+        }
+    }
+
+    /// Every rule's decisions so far, with its domain, name and limit.
+    pub fn rule_counts(&self) -> Vec<RuleReport> {
+        let generation = self.current.load();
+        generation
+            .rules
+            .domains()
+            .flat_map(|domain| domain.rules().map(move |rule| (domain.name(), rule)))
+            .map(|(domain, rule)| RuleReport {
+                domain: domain.to_owned(),
+                rule: rule.id.clone(),
+                name: rule.name.clone(),
+                limit: rule.limit,
+                shadow: rule.shadow_mode,
+                counts: generation
+                    .stats
+                    .get(&rule.id)
+                    .map(|s| s.counts())
+                    .unwrap_or_default(),
+            })
+            .collect()
+    }
+
+    /// The keys `rule` (its place as [`RuleId`]'s text reads, or its name) denied most over
+    /// about the last minute, most first, at most `n`; `None` if no rule is so called.
+    pub fn top_denied(&self, rule: &str, n: usize) -> Option<Vec<(String, u64)>> {
+        let generation = self.current.load();
+        let found = generation
+            .rules
+            .rules()
+            .find(|r| r.id.to_string() == rule || r.name.as_deref() == Some(rule))?;
+        Some(
+            generation
+                .stats
+                .get(&found.id)
+                .map(|s| s.top(n))
+                .unwrap_or_default(),
+        )
+    }
+
+    /// Times one decision asked through `front`.
+    pub fn record_latency(&self, front: FrontEnd, took: Duration) {
+        self.latency[front as usize].record(took);
+    }
+
+    /// The decision latency through `front` so far.
+    pub fn latency(&self, front: FrontEnd) -> LatencySnapshot {
+        self.latency[front as usize].snapshot()
+    }
+
+    /// The counters held in memory and their store's counts, over every algorithm (none on
+    /// Redis), with the capacity they share.
+    pub fn store_metrics(&self) -> Option<(sluice::KeyedMetrics, u64)> {
+        let generation = self.current.load();
+        let Store::Memory(counters) = &generation.store else {
+            return None;
+        };
+        let mut sum = sluice::KeyedMetrics::default();
+        for (_, c) in counters {
+            let m = c.metrics();
+            sum.entries += m.entries;
+            sum.evicted_idle += m.evicted_idle;
+            sum.evicted_frequency += m.evicted_frequency;
+            sum.refused += m.refused;
+            sum.fetches += m.fetches;
+            sum.fetch_errors += m.fetch_errors;
+            sum.fetch_timeouts += m.fetch_timeouts;
+            sum.fetch_panics += m.fetch_panics;
+            sum.fetches_skipped += m.fetches_skipped;
+            sum.fetches_in_flight += m.fetches_in_flight;
+        }
+        let capacity = u64::try_from(self.settings.counters.capacity).unwrap_or(u64::MAX);
+        Some((sum, capacity * counters.len() as u64))
+    }
+
+    /// The Redis the counters are on, if they are.
+    pub fn redis(&self) -> Option<&RedisCounters> {
+        self.redis.as_ref()
+    }
+
     /// The rules in force.
     pub fn with_rules<T>(&self, read: impl FnOnce(&RuleSet) -> T) -> T {
         read(&self.current.load().rules)
@@ -541,6 +704,9 @@ impl Engine {
                     .await
             }
         };
+        if !peek {
+            self.record(&generation, request, &statuses);
+        }
         let overall = if denied { Code::OverLimit } else { Code::Ok };
         let fields = self.fields(&generation, &statuses, denied);
         Ok(Verdict {

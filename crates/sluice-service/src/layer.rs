@@ -2,13 +2,15 @@
 //! (`[(entry_key, key)]`), decided on the same rules and counters as the service's requests.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use sluice::{CheckError, Decision, Quota};
-use sluice_descriptors::{Entry, Limit, Rule};
+use sluice_descriptors::{Entry, Limit, Rule, RuleId};
 use sluice_http::{CheckFuture, LimitBackend};
 
 use crate::counters::write_counter;
 use crate::engine::{Engine, Generation, Store};
+use crate::stats::FrontEnd;
 
 /// An [`Engine`] as the HTTP layer's [`LimitBackend`]: the layer's key for a request is the
 /// value of the descriptor `[(entry_key, key)]` in `domain`. A key no rule limits is admitted
@@ -112,34 +114,91 @@ impl LimitBackend for LayerBackend {
             match &generation.store {
                 Store::Memory(_) => match generation.memory(kind) {
                     Some(counters) => {
+                        let started = Instant::now();
                         let (answer, quota) = counters.take_quoted(counter, cost);
+                        self.engine.record_latency(FrontEnd::Http, started.elapsed());
+                        if let Ok(decision) = &answer {
+                            count(
+                                &self.engine,
+                                &generation,
+                                (&rule.id, rule.shadow_mode),
+                                key,
+                                cost,
+                                decision,
+                            );
+                        }
                         (CheckFuture::ready(answer), Some(quota))
                     }
                     None => (CheckFuture::ready(Ok(unlimited())), None),
                 },
                 Store::Redis(_) => {
                     let quota = generation.shared(kind).map(|shared| shared.quota_of(counter));
-                    let counter = counter.clone();
+                    let asked = Asked {
+                        engine: Arc::clone(&self.engine),
+                        rule: rule.id.clone(),
+                        shadow: rule.shadow_mode,
+                        counter: counter.clone(),
+                        key: key.to_owned(),
+                        cost,
+                    };
                     let generation = arc_swap::Guard::into_inner(generation);
-                    (
-                        CheckFuture::pending(on_redis(generation, kind, counter, cost)),
-                        quota,
-                    )
+                    (CheckFuture::pending(on_redis(generation, kind, asked)), quota)
                 }
             }
         })
     }
 }
 
+/// Counts a decision of the layer's under its rule (and logs a denial, paced).
+fn count(
+    engine: &Engine,
+    generation: &Generation,
+    (rule, shadow): (&RuleId, bool),
+    key: &str,
+    cost: u64,
+    decision: &Decision,
+) {
+    let Some(stats) = generation.stats.get(rule) else {
+        return;
+    };
+    let over = !decision.is_allowed();
+    if over && !shadow {
+        engine.log_denied(rule, key);
+    }
+    stats.record(cost, over, shadow, || Some(key.to_owned()));
+}
+
+/// What a check on Redis needs once it is off the request's thread.
+struct Asked {
+    engine: Arc<Engine>,
+    rule: RuleId,
+    shadow: bool,
+    counter: String,
+    key: String,
+    cost: u64,
+}
+
 /// A check of the layer's on Redis.
 async fn on_redis(
     generation: Arc<Generation>,
     kind: sluice::AlgorithmKind,
-    counter: String,
-    cost: u64,
+    asked: Asked,
 ) -> Result<Decision, CheckError> {
-    match generation.shared(kind) {
-        Some(shared) => crate::shared::decide(shared, &counter, cost).await,
-        None => Ok(unlimited()),
+    let Some(shared) = generation.shared(kind) else {
+        return Ok(unlimited());
+    };
+    let started = Instant::now();
+    let answer = crate::shared::decide(shared, &asked.counter, asked.cost).await;
+    asked.engine.record_latency(FrontEnd::Http, started.elapsed());
+    if let Ok(decision) = &answer {
+        count(
+            &asked.engine,
+            &generation,
+            (&asked.rule, asked.shadow),
+            &asked.key,
+            asked.cost,
+            decision,
+        );
     }
+    answer
 }

@@ -13,13 +13,15 @@ mod layer;
 pub mod proto;
 mod rls;
 mod shared;
+mod stats;
 
 pub use api::{CheckApi, MAX_BODY_BYTES};
 pub use counters::{CounterSettings, ValueQuotaSource, ValueQuotas};
 pub use engine::{
     AppliedLimit, BuildError, CheckRequest, Code, Counting, DescriptorRequest, DescriptorStatus, Engine,
-    EngineSettings, FieldSet, Reloaded, RequestBounds, RequestError, Verdict,
+    EngineSettings, FieldSet, Reloaded, RequestBounds, RequestError, RuleReport, Verdict,
 };
 pub use layer::LayerBackend;
 pub use rls::{MAX_MESSAGE_BYTES, RateLimitService, SHOULD_RATE_LIMIT};
 pub use shared::RedisCounters;
+pub use stats::{FrontEnd, LATENCY_BUCKETS, LatencySnapshot, RuleCounts, TOP_KEYS};

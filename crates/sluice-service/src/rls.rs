@@ -81,7 +81,11 @@ impl RateLimitService {
         request: proto::RateLimitRequest,
     ) -> Result<proto::RateLimitResponse, Status> {
         let request = from_proto(request)?;
-        let verdict = self.engine.check(&request, false).await.map_err(invalid)?;
+        let started = std::time::Instant::now();
+        let verdict = self.engine.check(&request, false).await;
+        self.engine
+            .record_latency(crate::FrontEnd::Rls, started.elapsed());
+        let verdict = verdict.map_err(invalid)?;
         Ok(to_proto(verdict))
     }
 

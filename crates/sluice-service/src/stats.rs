@@ -1,0 +1,297 @@
+//! What the engine counts about its own decisions, for an exporter to read: per rule, the
+//! requests allowed, denied and denied in shadow mode, and the hits they asked; per front
+//! end, a latency histogram; per rule, the keys denied most over about the last minute, in
+//! constant memory however many keys there are.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+/// A rule's decisions so far.
+///
+/// # Example
+/// ```
+/// let counts = sluice_service::RuleCounts::default();
+/// assert_eq!(counts.allowed + counts.denied, 0);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RuleCounts {
+    /// Requests the rule admitted.
+    pub allowed: u64,
+    /// Requests the rule denied.
+    pub denied: u64,
+    /// Requests the rule would have denied, were it not in shadow mode (admitted).
+    pub shadow_denied: u64,
+    /// Hits asked of the rule, whatever the answer.
+    pub hits: u64,
+}
+
+/// How many keys a rule's heavy-hitters table holds per window.
+pub const TOP_KEYS: usize = 32;
+
+/// How long one window of the heavy-hitters table lasts; a report covers the last two.
+const TOP_WINDOW: Duration = Duration::from_secs(30);
+
+/// One rule's counters, kept across reloads while the rule keeps its place.
+#[derive(Default)]
+pub(crate) struct RuleStats {
+    allowed: AtomicU64,
+    denied: AtomicU64,
+    shadow_denied: AtomicU64,
+    hits: AtomicU64,
+    top: Mutex<TopWindows>,
+}
+
+impl RuleStats {
+    /// Counts one decision of `hits`; a denial's `key` goes into the heavy hitters.
+    pub(crate) fn record(&self, hits: u64, over: bool, shadow: bool, key: impl FnOnce() -> Option<String>) {
+        self.hits.fetch_add(hits, Relaxed);
+        let counter = match (over, shadow) {
+            (false, _) => &self.allowed,
+            (true, true) => &self.shadow_denied,
+            (true, false) => &self.denied,
+        };
+        counter.fetch_add(1, Relaxed);
+        if over && let Some(key) = key() {
+            let mut top = self.top.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            top.count(key, Instant::now());
+        }
+    }
+
+    pub(crate) fn counts(&self) -> RuleCounts {
+        RuleCounts {
+            allowed: self.allowed.load(Relaxed),
+            denied: self.denied.load(Relaxed),
+            shadow_denied: self.shadow_denied.load(Relaxed),
+            hits: self.hits.load(Relaxed),
+        }
+    }
+
+    /// The keys denied most over the last one or two windows, most first (counts may be over
+    /// by up to the smallest count the table held: space-saving's bound).
+    pub(crate) fn top(&self, n: usize) -> Vec<(String, u64)> {
+        let mut top = self.top.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        top.rotate(Instant::now());
+        let mut merged: Vec<(String, u64)> = top.previous.entries.clone();
+        for (key, count) in &top.current.entries {
+            match merged.iter_mut().find(|(k, _)| k == key) {
+                Some((_, total)) => *total += count,
+                None => merged.push((key.clone(), *count)),
+            }
+        }
+        merged.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        merged.truncate(n);
+        merged
+    }
+}
+
+/// The current window and the one before it.
+#[derive(Default)]
+struct TopWindows {
+    started: Option<Instant>,
+    current: SpaceSaving,
+    previous: SpaceSaving,
+}
+
+impl TopWindows {
+    fn rotate(&mut self, now: Instant) {
+        let started = *self.started.get_or_insert(now);
+        let age = now.saturating_duration_since(started);
+        if age >= TOP_WINDOW * 2 {
+            // Nothing for two windows: both are old.
+            self.previous = SpaceSaving::default();
+            self.current = SpaceSaving::default();
+            self.started = Some(now);
+        } else if age >= TOP_WINDOW {
+            self.previous = std::mem::take(&mut self.current);
+            self.started = Some(started + TOP_WINDOW);
+        }
+    }
+
+    fn count(&mut self, key: String, now: Instant) {
+        self.rotate(now);
+        self.current.count(key);
+    }
+}
+
+/// Space-saving (Metwally et al.): at most [`TOP_KEYS`] keys; a newcomer takes the place of
+/// the least counted one and its count plus one, so every key counted more than
+/// total / [`TOP_KEYS`] times is held.
+#[derive(Default, Clone)]
+struct SpaceSaving {
+    entries: Vec<(String, u64)>,
+}
+
+impl SpaceSaving {
+    fn count(&mut self, key: String) {
+        if let Some((_, count)) = self.entries.iter_mut().find(|(k, _)| *k == key) {
+            *count += 1;
+            return;
+        }
+        if self.entries.len() < TOP_KEYS {
+            self.entries.push((key, 1));
+            return;
+        }
+        if let Some(least) = self.entries.iter_mut().min_by_key(|(_, count)| *count) {
+            *least = (key, least.1 + 1);
+        }
+    }
+}
+
+/// Where a decision was asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrontEnd {
+    /// The HTTP layer (`sluice serve`'s own requests).
+    Http,
+    /// Envoy's RLS v3 over gRPC.
+    Rls,
+    /// The HTTP check API.
+    CheckApi,
+}
+
+impl FrontEnd {
+    /// Every front end.
+    pub const ALL: [FrontEnd; 3] = [FrontEnd::Http, FrontEnd::Rls, FrontEnd::CheckApi];
+
+    /// Its name in metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            FrontEnd::Http => "http",
+            FrontEnd::Rls => "rls",
+            FrontEnd::CheckApi => "check_api",
+        }
+    }
+}
+
+/// The upper bounds of the latency buckets, in seconds (the last bucket is unbounded).
+pub const LATENCY_BUCKETS: [f64; 14] = [
+    5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 1.0,
+];
+
+/// A latency histogram of fixed buckets ([`LATENCY_BUCKETS`]), lock-free.
+#[derive(Default)]
+pub(crate) struct Latency {
+    /// One count per bucket and one past the last.
+    buckets: [AtomicU64; LATENCY_BUCKETS.len() + 1],
+    sum_ns: AtomicU64,
+}
+
+/// A histogram read at one time: each bucket's cumulative count, the count and the sum.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LatencySnapshot {
+    /// `(upper bound in seconds, decisions at most that long)`, cumulative, per
+    /// [`LATENCY_BUCKETS`].
+    pub buckets: Vec<(f64, u64)>,
+    /// Every decision timed.
+    pub count: u64,
+    /// Their total time, in seconds.
+    pub sum_seconds: f64,
+}
+
+impl Latency {
+    pub(crate) fn record(&self, took: Duration) {
+        let seconds = took.as_secs_f64();
+        let bucket = LATENCY_BUCKETS
+            .iter()
+            .position(|bound| seconds <= *bound)
+            .unwrap_or(LATENCY_BUCKETS.len());
+        self.buckets[bucket].fetch_add(1, Relaxed);
+        self.sum_ns
+            .fetch_add(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX), Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> LatencySnapshot {
+        let mut total = 0;
+        let mut buckets = Vec::with_capacity(LATENCY_BUCKETS.len());
+        for (bound, count) in LATENCY_BUCKETS.iter().zip(&self.buckets) {
+            total += count.load(Relaxed);
+            buckets.push((*bound, total));
+        }
+        let count = total + self.buckets[LATENCY_BUCKETS.len()].load(Relaxed);
+        LatencySnapshot {
+            buckets,
+            count,
+            sum_seconds: self.sum_ns.load(Relaxed) as f64 / 1e9,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn space_saving_keeps_every_heavy_key_in_constant_memory() {
+        let mut table = SpaceSaving::default();
+        // 100 000 distinct keys once each, and three heavy keys 5 000 times each.
+        for i in 0..100_000u32 {
+            table.count(format!("k{i}"));
+            if i % 20 == 0 {
+                for heavy in ["alice", "bob", "carol"] {
+                    table.count(heavy.to_owned());
+                }
+            }
+        }
+        assert_eq!(table.entries.len(), TOP_KEYS);
+        let mut held: Vec<_> = table
+            .entries
+            .iter()
+            .filter(|(_, c)| *c >= 5000)
+            .map(|(k, _)| k.as_str())
+            .collect();
+        held.sort_unstable();
+        assert_eq!(held, ["alice", "bob", "carol"]);
+    }
+
+    #[test]
+    fn the_top_covers_two_windows_and_forgets_older_ones() {
+        let stats = RuleStats::default();
+        let start = Instant::now();
+        let mut windows = TopWindows::default();
+        windows.count("old".into(), start);
+        windows.count("mid".into(), start + TOP_WINDOW);
+        windows.count("mid".into(), start + TOP_WINDOW);
+        windows.count("new".into(), start + TOP_WINDOW * 2);
+        // "old" was two windows ago: gone; "mid" in the previous window; "new" now.
+        let keys: Vec<&str> = windows
+            .previous
+            .entries
+            .iter()
+            .chain(&windows.current.entries)
+            .map(|(k, _)| k.as_str())
+            .collect();
+        assert_eq!(keys, ["mid", "new"]);
+        windows.rotate(start + TOP_WINDOW * 5);
+        assert!(windows.previous.entries.is_empty() && windows.current.entries.is_empty());
+        // Through the rule's counters: denials only, merged and ordered.
+        for key in ["a", "b", "b"] {
+            stats.record(1, true, false, || Some(key.to_owned()));
+        }
+        stats.record(3, false, false, || Some("c".to_owned()));
+        stats.record(1, true, true, || Some("b".to_owned()));
+        assert_eq!(stats.top(10), [("b".to_owned(), 3), ("a".to_owned(), 1)]);
+        assert_eq!(
+            stats.counts(),
+            RuleCounts {
+                allowed: 1,
+                denied: 3,
+                shadow_denied: 1,
+                hits: 7
+            }
+        );
+    }
+
+    #[test]
+    fn latency_buckets_are_cumulative() {
+        let latency = Latency::default();
+        latency.record(Duration::from_micros(3));
+        latency.record(Duration::from_micros(30));
+        latency.record(Duration::from_secs(3));
+        let snapshot = latency.snapshot();
+        assert_eq!(snapshot.count, 3);
+        assert_eq!(snapshot.buckets[0], (5e-6, 1));
+        assert_eq!(snapshot.buckets[3], (5e-5, 2));
+        assert_eq!(snapshot.buckets.last(), Some(&(1.0, 2)));
+        assert!((snapshot.sum_seconds - 3.000_033).abs() < 1e-9);
+    }
+}

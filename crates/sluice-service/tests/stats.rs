@@ -1,0 +1,93 @@
+//! What the engine counts about its decisions: per rule allowed, denied, shadow-denied and
+//! hits, kept across a reload while the rule keeps its place; the keys a rule denied most.
+
+use sluice_descriptors::RuleSet;
+use sluice_service::{CheckRequest, DescriptorRequest, Engine, EngineSettings, RuleCounts};
+
+const RULES: &str = "
+domain: edge
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: ip
+    rate_limit: {unit: hour, requests_per_unit: 1, name: by_ip}
+    shadow_mode: true
+";
+
+fn request(key: &str, value: &str, hits: Option<u64>) -> CheckRequest {
+    CheckRequest {
+        domain: "edge".into(),
+        descriptors: vec![DescriptorRequest {
+            entries: vec![(key.into(), value.into())],
+            ..Default::default()
+        }],
+        hits,
+    }
+}
+
+fn counts(engine: &Engine, rule: &str) -> RuleCounts {
+    engine
+        .rule_counts()
+        .into_iter()
+        .find(|r| r.rule.to_string() == rule)
+        .map(|r| r.counts)
+        .unwrap_or_else(|| panic!("no rule {rule}"))
+}
+
+#[tokio::test]
+async fn decisions_are_counted_per_rule_and_kept_across_a_reload() {
+    let engine = Engine::new(RuleSet::from_yaml(RULES).unwrap(), EngineSettings::default()).unwrap();
+    for _ in 0..3 {
+        engine
+            .check(&request("user", "alice", None), false)
+            .await
+            .unwrap();
+    }
+    engine
+        .check(&request("user", "bob", Some(2)), false)
+        .await
+        .unwrap();
+    engine
+        .check(&request("user", "carol", Some(3)), false)
+        .await
+        .unwrap();
+    // A peek counts nothing.
+    engine.check(&request("user", "alice", None), true).await.unwrap();
+    assert_eq!(
+        counts(&engine, "edge: user"),
+        RuleCounts {
+            allowed: 3,
+            denied: 2,
+            shadow_denied: 0,
+            hits: 8
+        }
+    );
+    for _ in 0..3 {
+        engine
+            .check(&request("ip", "10.0.0.1", None), false)
+            .await
+            .unwrap();
+    }
+    let ip = counts(&engine, "edge: ip");
+    assert_eq!((ip.allowed, ip.denied, ip.shadow_denied), (1, 0, 2));
+
+    // Denied most: alice once, carol once (her 3 hits never fit 2/h); shadow denials too.
+    let top = engine.top_denied("edge: user", 10).unwrap();
+    assert_eq!(top, [("user=alice".to_owned(), 1), ("user=carol".to_owned(), 1)]);
+    assert_eq!(
+        engine.top_denied("by_ip", 10).unwrap(),
+        [("ip=10.0.0.1".to_owned(), 2)]
+    );
+    assert!(engine.top_denied("edge: nothing", 10).is_none());
+
+    // A reload keeps the counts of rules that keep their place, whatever their limit.
+    engine
+        .reload(RuleSet::from_yaml(&RULES.replace("requests_per_unit: 2", "requests_per_unit: 5")).unwrap())
+        .unwrap();
+    assert_eq!(counts(&engine, "edge: user").denied, 2);
+    engine
+        .check(&request("user", "alice", None), false)
+        .await
+        .unwrap();
+    assert_eq!(counts(&engine, "edge: user").allowed, 4);
+}
