@@ -143,6 +143,11 @@ pub struct App {
 }
 
 impl App {
+    /// The engine deciding the layer's requests.
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
     /// A new app with a new engine (connecting to Redis if the settings say so). Must run
     /// inside a tokio runtime (fetches are spawned on it). `url_field` names where the Redis
     /// URL came from, for errors.
@@ -299,6 +304,7 @@ fn engine_settings(limiter: &LimiterSettings) -> Result<EngineSettings, sluice_r
             refresh: limiter.refresh,
         },
         by_value,
+        denied_log_per_second: limiter.denied_log,
         ..EngineSettings::default()
     })
 }

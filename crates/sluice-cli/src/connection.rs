@@ -43,6 +43,17 @@ struct Live {
     all_closed: Notify,
 }
 
+/// How many connections are open, read from elsewhere.
+#[derive(Clone)]
+pub struct OpenConnections(Arc<Live>);
+
+impl OpenConnections {
+    /// Connections open now.
+    pub fn get(&self) -> usize {
+        self.0.count.load(Ordering::Acquire)
+    }
+}
+
 /// Counts a connection as live until dropped.
 struct LiveGuard(Arc<Live>);
 
@@ -65,6 +76,11 @@ impl Connections {
     /// How many connections are open.
     pub fn count(&self) -> usize {
         self.live.count.load(Ordering::Acquire)
+    }
+
+    /// A handle that reads [`Connections::count`] from elsewhere (the metrics).
+    pub fn open(&self) -> OpenConnections {
+        OpenConnections(Arc::clone(&self.live))
     }
 
     /// Drives `connection` to its end, closing it gracefully when it has started no request

@@ -1,9 +1,11 @@
 //! `sluice`: a rate-limited HTTP server (`serve`), a config checker (`validate`) and a load
 //! generator (`loadtest`).
 
+mod admin;
 mod app;
 mod connection;
 mod limits;
+mod metrics;
 mod rules;
 mod server;
 mod service;
@@ -157,11 +159,19 @@ pub(crate) fn init_logging() {
         .ok()
         .and_then(|l| l.parse::<LevelFilter>().ok())
         .unwrap_or(LevelFilter::INFO);
-    tracing_subscriber::fmt()
+    let format = std::env::var("SLUICE_LOG_FORMAT").unwrap_or_default();
+    let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_max_level(level)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+        .with_max_level(level);
+    if format.eq_ignore_ascii_case("json") {
+        // One JSON object a line, for a log pipeline.
+        logs.json().init();
+    } else {
+        logs.with_ansi(std::io::stderr().is_terminal()).init();
+        if !format.is_empty() && !format.eq_ignore_ascii_case("text") {
+            tracing::warn!("SLUICE_LOG_FORMAT={format:?}: not json or text; logging text");
+        }
+    }
 }
 
 /// A future that completes on SIGINT or SIGTERM. The handlers are installed here, before

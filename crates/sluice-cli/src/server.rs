@@ -7,6 +7,7 @@ use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -23,6 +24,7 @@ use crate::app::{App, Hello, Reloaded};
 use crate::config::{self, Settings};
 use crate::connection::{Activity, Connections};
 use crate::limits::ConnectionLimit;
+use crate::metrics::{HostState, Observed};
 
 /// How long in-flight requests may take to finish after a shutdown signal.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -43,6 +45,14 @@ pub enum ServeError {
     /// The listen address could not be bound.
     #[error("listen {addr}: {source}")]
     Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The reason.
+        source: std::io::Error,
+    },
+    /// The admin listener could not be bound.
+    #[error("admin.listen: cannot listen on {addr}: {source}")]
+    AdminBind {
         /// The address.
         addr: SocketAddr,
         /// The reason.
@@ -105,11 +115,13 @@ pub async fn serve(
         tracing::warn!("{connection_limit}");
     }
 
+    let state = Arc::new(HostState::default());
     if let Some((file, bytes)) = options.config_file {
         let watch = watch_config(
             file,
             bytes,
             Arc::clone(&app),
+            Arc::clone(&state),
             StartOnly::of(&options.settings),
             options.listen.is_some(),
             options.redis_url,
@@ -128,7 +140,34 @@ pub async fn serve(
         drained: watch::Sender::new(false),
     });
     // Its lines go to stdout before the one a spawning process waits for.
-    let service = crate::service::start(&options.settings, acceptor.stop.subscribe(), shared_port).await?;
+    let (ready, ready_now) = watch::channel(true);
+    let service = crate::service::start(
+        &options.settings,
+        acceptor.stop.subscribe(),
+        shared_port,
+        Arc::clone(&state),
+        ready_now,
+    )
+    .await?;
+    let observed = Observed {
+        app: Arc::clone(&acceptor.app),
+        service: service.as_ref().map(|running| Arc::clone(running.engine())),
+        state,
+        open: acceptor.connections.open(),
+    };
+    crate::admin::watch_readiness(observed.clone(), ready, acceptor.stop.subscribe());
+    if let Some(addr) = options.settings.admin {
+        let admin = bind_first(addr, false).map_err(|source| ServeError::AdminBind { addr, source })?;
+        let admin_bound = admin
+            .local_addr()
+            .map_err(|source| ServeError::AdminBind { addr, source })?;
+        let mut stdout = std::io::stdout().lock();
+        let _ = writeln!(stdout, "admin listening on http://{admin_bound}/");
+        let _ = stdout.flush();
+        drop(stdout);
+        tracing::info!(bound = %admin_bound, "admin: /metrics /healthz /readyz /v1/top /ui");
+        crate::admin::serve(observed, admin, acceptor.stop.subscribe());
+    }
     let workers = (1..threads)
         .map(|i| spawn_worker(i, bound, Arc::clone(&acceptor), service.clone()))
         .collect::<Result<Vec<_>, _>>()
@@ -437,6 +476,7 @@ async fn watch_config(
     file: PathBuf,
     running: Vec<u8>,
     app: Arc<ArcSwap<App>>,
+    state: Arc<HostState>,
     mut start_only: StartOnly,
     fixed_listen: bool,
     redis_url: Option<String>,
@@ -480,6 +520,7 @@ async fn watch_config(
         let settings = match parsed {
             Ok(settings) => settings,
             Err(e) => {
+                state.config_reloads_failed.fetch_add(1, Ordering::Relaxed);
                 tracing::error!("{}: {e}; keeping the running config", file.display());
                 continue;
             }
@@ -492,6 +533,7 @@ async fn watch_config(
             Ok((next, reloaded)) => {
                 app.store(Arc::new(next));
                 applied = bytes;
+                state.config_reloads.fetch_add(1, Ordering::Relaxed);
                 match reloaded {
                     Reloaded::Kept => tracing::info!("{}: config reloaded", file.display()),
                     Reloaded::Afresh { .. } => {
@@ -501,6 +543,7 @@ async fn watch_config(
                 }
             }
             Err(e) => {
+                state.config_reloads_failed.fetch_add(1, Ordering::Relaxed);
                 tracing::error!("{}: {e}; keeping the running config", file.display());
                 continue;
             }

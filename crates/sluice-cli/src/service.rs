@@ -7,6 +7,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use sluice_descriptors::RuleSet;
@@ -17,6 +18,7 @@ use tokio::sync::watch;
 
 use crate::app::RedisBackendError;
 use crate::config::{RulesFrom, RulesService, Settings};
+use crate::metrics::HostState;
 
 /// How often the rules' files are read for a change.
 const POLL: Duration = Duration::from_secs(1);
@@ -64,6 +66,8 @@ pub enum ServiceError {
 #[derive(Clone)]
 pub struct Running {
     engine: Arc<Engine>,
+    /// The host's readiness, which the gRPC health service reports.
+    ready: watch::Receiver<bool>,
     rls: Option<SocketAddr>,
     api: Option<SocketAddr>,
 }
@@ -76,6 +80,8 @@ pub async fn start(
     settings: &Settings,
     stop: watch::Receiver<bool>,
     shared_port: bool,
+    state: Arc<HostState>,
+    ready: watch::Receiver<bool>,
 ) -> Result<Option<Running>, ServiceError> {
     let Some(service) = &settings.service else {
         return Ok(None);
@@ -88,6 +94,7 @@ pub async fn start(
             capacity: settings.limiter.capacity,
             ..sluice_service::CounterSettings::default()
         },
+        denied_log_per_second: settings.limiter.denied_log,
         ..EngineSettings::default()
     };
     let build = async |rules: RuleSet| -> Result<Engine, ServiceError> {
@@ -111,10 +118,11 @@ pub async fn start(
     };
     let (engine, held) = match &service.rules {
         RulesFrom::Files { loaded, .. } => (build(loaded.0.clone()).await?, None),
-        RulesFrom::Service(remote) => first_rules(remote, build).await?,
+        RulesFrom::Service(remote) => first_rules(remote, build, &state).await?,
     };
     let mut running = Running {
         engine: Arc::new(engine),
+        ready,
         rls: None,
         api: None,
     };
@@ -122,7 +130,7 @@ pub async fn start(
     if let Some(addr) = service.rls {
         let (listener, bound) = bind("rls.listen", addr, shared_port)?;
         let _ = writeln!(stdout, "rls listening on {bound}");
-        serve_rls(&running.engine, listener, stop.clone());
+        serve_rls(&running.engine, listener, &running.ready, stop.clone());
         running.rls = Some(bound);
         tracing::info!(%bound, "rate-limit service (Envoy RLS v3, gRPC)");
     }
@@ -138,21 +146,31 @@ pub async fn start(
     let engine = Arc::clone(&running.engine);
     match &service.rules {
         RulesFrom::Files { path, .. } => {
-            tokio::spawn(watch_files(path.clone(), engine, stop));
+            tokio::spawn(watch_files(path.clone(), engine, state, stop));
         }
         RulesFrom::Service(remote) => {
-            tokio::spawn(poll_service(remote.clone(), held, engine, stop));
+            tokio::spawn(poll_service(remote.clone(), held, engine, state, stop));
         }
     }
     Ok(Some(running))
 }
 
 impl Running {
+    /// The service's engine.
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
     /// Serves the service on this thread's runtime too, on listeners sharing the ports
     /// [`start`] bound (`SO_REUSEPORT`: the kernel spreads connections over the threads).
     pub fn serve_here(&self, stop: &watch::Receiver<bool>) -> std::io::Result<()> {
         if let Some(addr) = self.rls {
-            serve_rls(&self.engine, crate::server::bind(addr, true)?, stop.clone());
+            serve_rls(
+                &self.engine,
+                crate::server::bind(addr, true)?,
+                &self.ready,
+                stop.clone(),
+            );
         }
         if let Some(addr) = self.api {
             serve_api(&self.engine, crate::server::bind(addr, true)?, stop.clone());
@@ -161,8 +179,13 @@ impl Running {
     }
 }
 
-fn serve_rls(engine: &Arc<Engine>, listener: TcpListener, stop: watch::Receiver<bool>) {
-    let rls = RateLimitService::new(Arc::clone(engine));
+fn serve_rls(
+    engine: &Arc<Engine>,
+    listener: TcpListener,
+    ready: &watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
+) {
+    let rls = RateLimitService::new(Arc::clone(engine)).reporting(ready.clone());
     tokio::spawn(async move {
         if let Err(e) = rls.serve(listener, stopped(stop)).await {
             tracing::error!("rls: {e}");
@@ -222,7 +245,7 @@ fn collect(path: &Path, files: &mut Vec<(PathBuf, Vec<u8>)>, depth: usize) {
 
 /// Reloads the rules when their files change and hold still; a bad set is logged once and the
 /// running rules stay.
-async fn watch_files(path: PathBuf, engine: Arc<Engine>, stop: watch::Receiver<bool>) {
+async fn watch_files(path: PathBuf, engine: Arc<Engine>, state: Arc<HostState>, stop: watch::Receiver<bool>) {
     let mut seen = snapshot(&path);
     let mut refused: Option<Vec<(PathBuf, Vec<u8>)>> = None;
     let stopped = stopped(stop);
@@ -244,18 +267,25 @@ async fn watch_files(path: PathBuf, engine: Arc<Engine>, stop: watch::Receiver<b
             Ok(rules) => {
                 let count = rules.len();
                 match engine.reload(rules) {
-                    Ok(kept) => tracing::info!(
-                        rules = count,
-                        kept = kept.moved,
-                        dropped = kept.dropped,
-                        "rules reloaded; counters kept"
-                    ),
-                    Err(e) => tracing::error!("rules not reloaded: {e}"),
+                    Ok(kept) => {
+                        state.rules_reloads.fetch_add(1, Relaxed);
+                        tracing::info!(
+                            rules = count,
+                            kept = kept.moved,
+                            dropped = kept.dropped,
+                            "rules reloaded; counters kept"
+                        );
+                    }
+                    Err(e) => {
+                        state.rules_reloads_failed.fetch_add(1, Relaxed);
+                        tracing::error!("rules not reloaded: {e}");
+                    }
                 }
                 seen = now;
                 refused = None;
             }
             Err(e) => {
+                state.rules_reloads_failed.fetch_add(1, Relaxed);
                 tracing::error!("rules not reloaded, the running rules stay: {e}");
                 refused = Some(now);
             }
@@ -268,6 +298,7 @@ async fn watch_files(path: PathBuf, engine: Arc<Engine>, stop: watch::Receiver<b
 async fn first_rules(
     remote: &RulesService,
     build: impl AsyncFn(RuleSet) -> Result<Engine, ServiceError>,
+    state: &HostState,
 ) -> Result<(Engine, Option<u64>), ServiceError> {
     let failed: Box<dyn std::error::Error + Send + Sync> = match remote.source.fetch(None).await {
         Ok(Fetched::Changed(mut fetched)) => {
@@ -276,6 +307,7 @@ async fn first_rules(
                 Ok(engine) => {
                     save(&fetched, &remote.snapshot);
                     tracing::info!(url = %remote.url, revision, "rules fetched from the rules service");
+                    state.rules_revision.store(revision, Relaxed);
                     return Ok((engine, Some(revision)));
                 }
                 Err(ServiceError::Engine(e)) => Box::new(e),
@@ -299,7 +331,11 @@ async fn first_rules(
         "the rules service gave no rules ({failed}); starting from the snapshot"
     );
     let revision = kept.revision;
-    Ok((build(kept.rules).await?, Some(revision)))
+    let engine = build(kept.rules).await?;
+    state.rules_revision.store(revision, Relaxed);
+    state.rules_from_snapshot.store(true, Relaxed);
+    state.rules_service_down.store(true, Relaxed);
+    Ok((engine, Some(revision)))
 }
 
 /// Keeps the last good rules on disk; a failure is logged and the host goes on.
@@ -317,6 +353,7 @@ async fn poll_service(
     remote: RulesService,
     mut held: Option<u64>,
     engine: Arc<Engine>,
+    state: Arc<HostState>,
     stop: watch::Receiver<bool>,
 ) {
     let mut outage = false;
@@ -330,7 +367,9 @@ async fn poll_service(
         let fetched = match remote.source.fetch(held).await {
             Ok(fetched) => fetched,
             Err(e) => {
+                state.rules_service_down.store(true, Relaxed);
                 if !outage {
+                    state.rules_reloads_failed.fetch_add(1, Relaxed);
                     tracing::warn!(
                         url = %remote.url,
                         revision = held,
@@ -341,6 +380,7 @@ async fn poll_service(
                 continue;
             }
         };
+        state.rules_service_down.store(false, Relaxed);
         if outage {
             tracing::info!(url = %remote.url, "rules service answers again");
             outage = false;
@@ -354,6 +394,9 @@ async fn poll_service(
         held = Some(revision);
         match engine.reload(std::mem::take(&mut fetched.rules)) {
             Ok(kept) => {
+                state.rules_reloads.fetch_add(1, Relaxed);
+                state.rules_revision.store(revision, Relaxed);
+                state.rules_from_snapshot.store(false, Relaxed);
                 tracing::info!(
                     revision,
                     rules = count,
@@ -364,6 +407,7 @@ async fn poll_service(
                 save(&fetched, &remote.snapshot);
             }
             Err(e) => {
+                state.rules_reloads_failed.fetch_add(1, Relaxed);
                 tracing::error!(revision, "rules refused, the running rules stay: {e}");
             }
         }

@@ -324,6 +324,26 @@ impl RedisStore {
         Ok(conn)
     }
 
+    /// Asks Redis for a `PING` within the call timeout: whether it answers now (a readiness
+    /// probe's question). It leaves the store's health and counters as they are.
+    ///
+    /// # Errors
+    /// Redis did not answer, or answered an error; the text says which.
+    pub async fn ping(&self) -> Result<(), String> {
+        let call = async {
+            let mut conn = self.connection().await?;
+            redis::cmd("PING").query_async::<String>(&mut conn).await
+        };
+        match tokio::time::timeout(self.inner.options.timeout, call).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => {
+                *write(&self.inner.conn) = None;
+                Err(e.to_string())
+            }
+            Err(_) => Err(format!("no answer within {:?}", self.inner.options.timeout)),
+        }
+    }
+
     /// Runs a script (EVALSHA, loading it on NOSCRIPT) within the timeout, unless Redis is
     /// degraded and no probe is due.
     pub(crate) async fn eval<T: ToRedisArgs + Sync>(

@@ -43,16 +43,25 @@ const MAX_STREAMS: u32 = 1024;
 #[derive(Debug, Clone)]
 pub struct RateLimitService {
     engine: Arc<Engine>,
+    ready: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl RateLimitService {
     /// The service over `engine`.
     pub fn new(engine: Arc<Engine>) -> Self {
-        Self { engine }
+        Self { engine, ready: None }
     }
 
-    /// Serves the service and `grpc.health.v1.Health` (reporting it serving) on `listener`
-    /// until `shutdown` completes.
+    /// Reports the health service serving only while `ready` holds true (the host's
+    /// readiness), instead of always.
+    #[must_use]
+    pub fn reporting(mut self, ready: tokio::sync::watch::Receiver<bool>) -> Self {
+        self.ready = Some(ready);
+        self
+    }
+
+    /// Serves the service and `grpc.health.v1.Health` (reporting it serving, or following
+    /// [`RateLimitService::reporting`]) on `listener` until `shutdown` completes.
     ///
     /// # Errors
     /// The listener failed.
@@ -63,6 +72,27 @@ impl RateLimitService {
     ) -> Result<(), tonic::transport::Error> {
         let (reporter, health) = tonic_health::server::health_reporter();
         reporter.set_serving::<Self>().await;
+        if let Some(mut ready) = self.ready.clone() {
+            // Follows the host's readiness until its sender is gone.
+            tokio::spawn(async move {
+                loop {
+                    if *ready.borrow_and_update() {
+                        reporter.set_serving::<Self>().await;
+                        reporter
+                            .set_service_status("", tonic_health::ServingStatus::Serving)
+                            .await;
+                    } else {
+                        reporter.set_not_serving::<Self>().await;
+                        reporter
+                            .set_service_status("", tonic_health::ServingStatus::NotServing)
+                            .await;
+                    }
+                    if ready.changed().await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
         let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         tonic::transport::Server::builder()
             .max_concurrent_streams(MAX_STREAMS)

@@ -135,6 +135,7 @@ impl RawConfig {
             capacity,
             redis,
             accounts_url: self.accounts_url.clone(),
+            denied_log: self.denied_log.unwrap_or(super::DEFAULT_DENIED_LOG),
         };
 
         let ipv6_prefix = match self.ipv6_prefix {
@@ -201,6 +202,13 @@ impl RawConfig {
         let costs = (self.costs.iter().enumerate())
             .map(|(i, rule)| cost(i, rule))
             .collect::<Result<Vec<_>, _>>()?;
+        let admin = (self.admin.as_ref())
+            .map(|a| {
+                a.listen
+                    .parse::<SocketAddr>()
+                    .map_err(|e| error("admin.listen", format!("invalid address {:?}: {e}", a.listen)))
+            })
+            .transpose()?;
         let service = service(
             self.rules.as_ref(),
             self.rls.as_ref(),
@@ -234,6 +242,7 @@ impl RawConfig {
             costs,
             headers: self.headers,
             service,
+            admin,
         })
     }
 }

@@ -81,7 +81,12 @@ pub struct LimiterSettings {
     pub redis: Option<RedisSettings>,
     /// The quota service asked for each key not in `accounts` (`http://.../{key}`), checked.
     pub accounts_url: Option<String>,
+    /// Denials logged a second at most (0: none).
+    pub denied_log: u32,
 }
+
+/// Denials logged a second at most when `denied_log` is left out.
+pub const DEFAULT_DENIED_LOG: u32 = 5;
 
 impl LimiterSettings {
     /// The settings that differ in `other`, by their config names (for the reload's log).
@@ -98,6 +103,7 @@ impl LimiterSettings {
             capacity,
             redis,
             accounts_url,
+            denied_log,
         } = self;
         let mut changed = Vec::new();
         let mut differs = |name, yes| {
@@ -115,6 +121,7 @@ impl LimiterSettings {
         differs("capacity", *capacity != other.capacity);
         differs("redis", *redis != other.redis);
         differs("accounts_url", *accounts_url != other.accounts_url);
+        differs("denied_log", *denied_log != other.denied_log);
         changed
     }
 }
@@ -158,6 +165,8 @@ pub struct Settings {
     pub headers: bool,
     /// The rate-limit service, if rules are configured.
     pub service: Option<ServiceSettings>,
+    /// Where the admin listener (metrics, health, top keys, console) listens, if anywhere.
+    pub admin: Option<SocketAddr>,
 }
 
 /// The rate-limit service: descriptor rules and where they are asked for.

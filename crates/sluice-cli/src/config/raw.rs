@@ -48,6 +48,10 @@ pub(super) struct RawConfig {
     pub api: Option<RawListener>,
     /// How one request's descriptors are counted (`all_or_nothing` when left out).
     pub counting: Option<String>,
+    /// The admin listener: metrics, health, the keys being limited.
+    pub admin: Option<RawListener>,
+    /// Denials logged a second at most (`DEFAULT_DENIED_LOG` when left out; 0: none).
+    pub denied_log: Option<u32>,
 }
 
 impl Default for RawConfig {
@@ -81,6 +85,8 @@ impl Default for RawConfig {
             rls: None,
             api: None,
             counting: None,
+            admin: None,
+            denied_log: None,
         }
     }
 }

@@ -62,6 +62,8 @@ pub struct Server {
     pub rls: Option<SocketAddr>,
     /// The check API's address, if the config has one.
     pub api: Option<SocketAddr>,
+    /// The admin listener's address, if the config has one.
+    pub admin: Option<SocketAddr>,
     pub first_line: String,
     stderr: PathBuf,
     _dir: TempDir,
@@ -92,7 +94,7 @@ impl Server {
                 }
             }
         });
-        let (mut rls, mut api) = (None, None);
+        let (mut rls, mut api, mut admin) = (None, None, None);
         let first_line = loop {
             let line = rx.recv_timeout(PATIENCE).unwrap_or_else(|_| {
                 panic!(
@@ -104,6 +106,8 @@ impl Server {
                 rls = Some(addr.parse().unwrap());
             } else if let Some(addr) = line.strip_prefix("api listening on http://") {
                 api = Some(addr.trim_end_matches('/').parse().unwrap());
+            } else if let Some(addr) = line.strip_prefix("admin listening on http://") {
+                admin = Some(addr.trim_end_matches('/').parse().unwrap());
             } else {
                 break line;
             }
@@ -124,6 +128,7 @@ impl Server {
             addr,
             rls,
             api,
+            admin,
             first_line,
             stderr,
             _dir: dir,

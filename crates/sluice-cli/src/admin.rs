@@ -1,0 +1,234 @@
+//! The admin listener (`admin.listen`): what an operator asks during an incident.
+//!
+//! | request | answer |
+//! |---|---|
+//! | `GET /metrics` | every number in OpenMetrics text ([`crate::metrics`]) |
+//! | `GET /healthz` | 200 while the process answers |
+//! | `GET /readyz` | 200 or 503, with a JSON body naming each check: config, rules, Redis |
+//! | `GET /v1/rules` | every rule with its limit and decisions (JSON; the console's source) |
+//! | `GET /v1/top?rule=R&n=N` | the keys rule `R` (its place or name) denied most over about the last minute |
+//! | `GET /ui` | the live console, its assets in the binary |
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde::{Deserialize, Serialize};
+use sluice_descriptors::Limit;
+use sluice_redis::FailurePolicy;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::metrics::Observed;
+
+/// The most keys `/v1/top` lists.
+const MAX_TOP: usize = sluice_service::TOP_KEYS * 2;
+
+/// How often readiness is checked for the gRPC health service.
+const READINESS_EVERY: Duration = Duration::from_secs(1);
+
+/// The admin routes over what the host observes.
+pub fn router(observed: Observed) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/v1/rules", get(rules))
+        .route("/v1/top", get(top))
+        .route("/ui", get(console))
+        .with_state(observed)
+}
+
+/// Serves the admin routes on `listener` until `stop` turns true.
+pub fn serve(observed: Observed, listener: TcpListener, stop: watch::Receiver<bool>) {
+    let app = router(observed);
+    tokio::spawn(async move {
+        let stopped = async move {
+            let mut stop = stop;
+            let _ = stop.wait_for(|stop| *stop).await;
+        };
+        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stopped).await {
+            tracing::error!("admin: {e}");
+        }
+    });
+}
+
+/// Checks readiness every second into `ready` (what the gRPC health service reports) until
+/// `stop` turns true.
+pub fn watch_readiness(observed: Observed, ready: watch::Sender<bool>, mut stop: watch::Receiver<bool>) {
+    tokio::spawn(async move {
+        loop {
+            let (now, _) = readiness(&observed).await;
+            ready.send_if_modified(|was| std::mem::replace(was, now) != now);
+            tokio::select! {
+                () = tokio::time::sleep(READINESS_EVERY) => {}
+                _ = stop.wait_for(|stop| *stop) => return,
+            }
+        }
+    });
+}
+
+async fn metrics(State(observed): State<Observed>) -> Response {
+    match observed.encode() {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(_) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "metrics could not be written\n",
+        )
+            .into_response(),
+    }
+}
+
+/// One readiness check.
+#[derive(Debug, Serialize)]
+struct Check {
+    name: &'static str,
+    ok: bool,
+    detail: String,
+}
+
+/// Whether the host is ready, and each check.
+async fn readiness(observed: &Observed) -> (bool, Vec<Check>) {
+    let mut checks = vec![Check {
+        name: "config",
+        ok: true,
+        detail: "loaded".into(),
+    }];
+    if observed.service.is_some() {
+        let state = &observed.state;
+        let revision = state.rules_revision.load(Relaxed);
+        let mut detail = if state.rules_from_snapshot.load(Relaxed) {
+            format!("revision {revision}, from the snapshot file")
+        } else if revision > 0 {
+            format!("revision {revision}, from the rules service")
+        } else {
+            "from files".into()
+        };
+        if state.rules_service_down.load(Relaxed) {
+            detail.push_str("; the rules service does not answer now (the rules in force stay)");
+        }
+        checks.push(Check {
+            name: "rules",
+            ok: true,
+            detail,
+        });
+    }
+    for (name, engine) in observed.engines() {
+        let Some(redis) = engine.redis() else { continue };
+        let (ok, detail) = match redis.store.ping().await {
+            Ok(()) => (true, "answers".to_owned()),
+            Err(e) => match redis.policy {
+                FailurePolicy::FailClosed => (false, format!("{e}; fail_closed denies every request")),
+                policy => (true, format!("{e}; answering by the failure policy ({policy:?})")),
+            },
+        };
+        checks.push(Check {
+            name: if name == "service" {
+                "redis (service)"
+            } else {
+                "redis"
+            },
+            ok,
+            detail,
+        });
+    }
+    (checks.iter().all(|c| c.ok), checks)
+}
+
+async fn readyz(State(observed): State<Observed>) -> Response {
+    let (ready, checks) = readiness(&observed).await;
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = serde_json::json!({ "ready": ready, "checks": checks });
+    (status, axum::Json(body)).into_response()
+}
+
+#[derive(Serialize)]
+struct RuleBody {
+    engine: &'static str,
+    domain: String,
+    rule: String,
+    name: Option<String>,
+    limit: String,
+    shadow: bool,
+    allowed: u64,
+    denied: u64,
+    shadow_denied: u64,
+}
+
+async fn rules(State(observed): State<Observed>) -> Response {
+    let mut body = Vec::new();
+    for (engine_name, engine) in observed.engines() {
+        for report in engine.rule_counts() {
+            body.push(RuleBody {
+                engine: engine_name,
+                domain: report.domain,
+                rule: report.rule.to_string(),
+                name: report.name,
+                limit: match report.limit {
+                    Limit::Quota(quota) => quota.to_string(),
+                    Limit::Unlimited => "unlimited".into(),
+                },
+                shadow: report.shadow,
+                allowed: report.counts.allowed,
+                denied: report.counts.denied,
+                shadow_denied: report.counts.shadow_denied,
+            });
+        }
+    }
+    body.sort_by(|a, b| (a.engine, &a.rule).cmp(&(b.engine, &b.rule)));
+    axum::Json(body).into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TopQuery {
+    rule: String,
+    n: Option<usize>,
+}
+
+async fn top(
+    State(observed): State<Observed>,
+    query: Result<Query<TopQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let Ok(Query(query)) = query else {
+        return (
+            StatusCode::BAD_REQUEST,
+            "ask /v1/top?rule=RULE (its place or name) [&n=N]\n",
+        )
+            .into_response();
+    };
+    let n = query.n.unwrap_or(10).clamp(1, MAX_TOP);
+    for (_, engine) in observed.engines() {
+        if let Some(keys) = engine.top_denied(&query.rule, n) {
+            let keys: Vec<_> = keys
+                .into_iter()
+                .map(|(key, denied)| serde_json::json!({ "key": key, "denied": denied }))
+                .collect();
+            return axum::Json(serde_json::json!({ "rule": query.rule, "keys": keys })).into_response();
+        }
+    }
+    (StatusCode::NOT_FOUND, format!("no rule {:?}\n", query.rule)).into_response()
+}
+
+async fn console() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        include_str!("console.html"),
+    )
+        .into_response()
+}

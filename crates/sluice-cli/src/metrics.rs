@@ -1,0 +1,342 @@
+//! What `sluice serve` says about itself on its admin listener: the host's own state (reloads,
+//! the rules' revision and source), and every number in OpenMetrics text, read at each scrape
+//! from the engines (decisions per rule, latency per front end, the keyed store, quota
+//! fetches, Redis) through `prometheus-client`. Labels are rule places and names from the
+//! config, never request keys.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+
+use arc_swap::ArcSwap;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+use sluice_service::{Engine, FrontEnd, LatencySnapshot};
+
+use crate::app::App;
+use crate::connection::OpenConnections;
+
+/// The host's own state, written by the config watcher and the rules' watcher or poller.
+#[derive(Debug, Default)]
+pub struct HostState {
+    /// Config reloads applied.
+    pub config_reloads: AtomicU64,
+    /// Config edits refused (the running config stayed).
+    pub config_reloads_failed: AtomicU64,
+    /// Rule sets applied after the first.
+    pub rules_reloads: AtomicU64,
+    /// Rule sets refused, and polls that brought none (the running rules stayed).
+    pub rules_reloads_failed: AtomicU64,
+    /// The rules service's revision in force (0 for rules from files).
+    pub rules_revision: AtomicU64,
+    /// The rules in force came from the snapshot file, not the rules service.
+    pub rules_from_snapshot: AtomicBool,
+    /// The rules service is not answering (or answers garbage) now.
+    pub rules_service_down: AtomicBool,
+}
+
+/// Everything the admin listener reads.
+#[derive(Clone)]
+pub struct Observed {
+    /// The demo's app (its engine decides the HTTP layer's requests); replaced on reload.
+    pub app: Arc<ArcSwap<App>>,
+    /// The rate-limit service's engine, if the config has rules.
+    pub service: Option<Arc<Engine>>,
+    /// The host's own state.
+    pub state: Arc<HostState>,
+    /// The connections open now.
+    pub open: OpenConnections,
+}
+
+impl std::fmt::Debug for Observed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Observed").finish_non_exhaustive()
+    }
+}
+
+impl Observed {
+    /// The engines, each with the name its metrics carry (`engine="accounts"|"service"`).
+    pub fn engines(&self) -> Vec<(&'static str, Arc<Engine>)> {
+        let mut engines = vec![("accounts", Arc::clone(self.app.load().engine()))];
+        if let Some(service) = &self.service {
+            engines.push(("service", Arc::clone(service)));
+        }
+        engines
+    }
+
+    /// The metrics as OpenMetrics text.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut registry = Registry::with_prefix("sluice");
+        registry.register_collector(Box::new(self.clone()));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry)?;
+        Ok(text)
+    }
+}
+
+/// One metric: its descriptor, then each labelled value.
+fn family<'a>(
+    encoder: &'a mut DescriptorEncoder,
+    name: &'a str,
+    help: &str,
+    kind: MetricType,
+) -> Result<MetricEncoder<'a>, std::fmt::Error> {
+    encoder.encode_descriptor(name, help, None, kind)
+}
+
+fn counter(metric: &mut MetricEncoder, labels: &[(&str, &str)], value: u64) -> Result<(), std::fmt::Error> {
+    ConstCounter::new(value).encode(metric.encode_family(&labels)?)
+}
+
+fn gauge(metric: &mut MetricEncoder, labels: &[(&str, &str)], value: i64) -> Result<(), std::fmt::Error> {
+    ConstGauge::new(value).encode(metric.encode_family(&labels)?)
+}
+
+/// A gauge without labels.
+fn lone_gauge(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: i64,
+) -> Result<(), std::fmt::Error> {
+    ConstGauge::new(value).encode(family(encoder, name, help, MetricType::Gauge)?)
+}
+
+fn clamp(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+impl Collector for Observed {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let engines = self.engines();
+        let reports: Vec<_> = engines.iter().map(|(name, e)| (*name, e.rule_counts())).collect();
+
+        let mut m = family(
+            &mut encoder,
+            "decisions",
+            "Requests decided per rule: allowed, denied, or denied in shadow mode (admitted).",
+            MetricType::Counter,
+        )?;
+        for (engine, rules) in &reports {
+            for rule in rules {
+                let place = rule.rule.to_string();
+                let name = rule.name.as_deref().unwrap_or("");
+                for (outcome, value) in [
+                    ("allowed", rule.counts.allowed),
+                    ("denied", rule.counts.denied),
+                    ("shadow_denied", rule.counts.shadow_denied),
+                ] {
+                    let labels = [
+                        ("engine", *engine),
+                        ("domain", rule.domain.as_str()),
+                        ("rule", place.as_str()),
+                        ("name", name),
+                        ("outcome", outcome),
+                    ];
+                    counter(&mut m, &labels, value)?;
+                }
+            }
+        }
+        let mut m = family(
+            &mut encoder,
+            "hits",
+            "Hits asked of each rule.",
+            MetricType::Counter,
+        )?;
+        for (engine, rules) in &reports {
+            for rule in rules {
+                let place = rule.rule.to_string();
+                let labels = [
+                    ("engine", *engine),
+                    ("domain", rule.domain.as_str()),
+                    ("rule", place.as_str()),
+                ];
+                counter(&mut m, &labels, rule.counts.hits)?;
+            }
+        }
+
+        let mut m = family(
+            &mut encoder,
+            "decision_seconds",
+            "Time to decide one request, per front end.",
+            MetricType::Histogram,
+        )?;
+        for front in FrontEnd::ALL {
+            let mut merged: Option<LatencySnapshot> = None;
+            for (_, engine) in &engines {
+                let snapshot = engine.latency(front);
+                merged = Some(match merged {
+                    None => snapshot,
+                    Some(mut sum) => {
+                        sum.count += snapshot.count;
+                        sum.sum_seconds += snapshot.sum_seconds;
+                        for (into, from) in sum.buckets.iter_mut().zip(&snapshot.buckets) {
+                            into.1 += from.1;
+                        }
+                        sum
+                    }
+                });
+            }
+            if let Some(snapshot) = merged {
+                // The encoder sums the buckets itself: it takes each bucket's own count.
+                let mut below = 0;
+                let own: Vec<(f64, u64)> = (snapshot.buckets.iter())
+                    .map(|&(bound, cumulative)| {
+                        (bound, cumulative - std::mem::replace(&mut below, cumulative))
+                    })
+                    .collect();
+                let labels = [("front", front.name())];
+                let mut one = m.encode_family(&labels)?;
+                one.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+                    snapshot.sum_seconds,
+                    snapshot.count,
+                    &own,
+                    None,
+                )?;
+            }
+        }
+
+        let stores: Vec<_> = engines
+            .iter()
+            .filter_map(|(name, engine)| Some((*name, engine.store_metrics()?)))
+            .collect();
+        let gauges: [(&str, &str, fn(&sluice::KeyedMetrics, u64) -> u64); 3] = [
+            ("store_entries", "Counters held in memory.", |m, _| m.entries),
+            (
+                "store_capacity",
+                "The most counters held in memory.",
+                |_, capacity| capacity,
+            ),
+            ("quota_fetches_in_flight", "Quota fetches running now.", |m, _| {
+                m.fetches_in_flight
+            }),
+        ];
+        for (name, help, read) in gauges {
+            let mut m = family(&mut encoder, name, help, MetricType::Gauge)?;
+            for (engine, (metrics, capacity)) in &stores {
+                gauge(&mut m, &[("engine", engine)], clamp(read(metrics, *capacity)))?;
+            }
+        }
+        let mut m = family(
+            &mut encoder,
+            "store_evictions",
+            "Counters evicted to make room: idle ones, then the least used of a sample.",
+            MetricType::Counter,
+        )?;
+        for (engine, (metrics, _)) in &stores {
+            counter(
+                &mut m,
+                &[("engine", engine), ("reason", "idle")],
+                metrics.evicted_idle,
+            )?;
+            counter(
+                &mut m,
+                &[("engine", engine), ("reason", "frequency")],
+                metrics.evicted_frequency,
+            )?;
+        }
+        let counters: [(&str, &str, fn(&sluice::KeyedMetrics) -> u64); 4] = [
+            (
+                "store_refused",
+                "Newcomers not stored: every counter they could replace was used more.",
+                |m| m.refused,
+            ),
+            ("quota_fetches", "Quota fetches started.", |m| m.fetches),
+            (
+                "quota_fetch_errors",
+                "Quota fetches that failed (the key kept its last quota), timeouts among them.",
+                |m| m.fetch_errors,
+            ),
+            ("quota_fetch_timeouts", "Quota fetches that timed out.", |m| {
+                m.fetch_timeouts
+            }),
+        ];
+        for (name, help, read) in counters {
+            let mut m = family(&mut encoder, name, help, MetricType::Counter)?;
+            for (engine, (metrics, _)) in &stores {
+                counter(&mut m, &[("engine", engine)], read(metrics))?;
+            }
+        }
+
+        let redis: Vec<_> = engines
+            .iter()
+            .filter_map(|(name, engine)| Some((*name, engine.redis()?.store.metrics())))
+            .collect();
+        if !redis.is_empty() {
+            let mut m = family(
+                &mut encoder,
+                "redis_degraded",
+                "1 while Redis counts as unavailable.",
+                MetricType::Gauge,
+            )?;
+            for (engine, metrics) in &redis {
+                gauge(&mut m, &[("engine", engine)], i64::from(metrics.degraded))?;
+            }
+            let counters: [(&str, &str, fn(&sluice_redis::StoreMetrics) -> u64); 5] = [
+                ("redis_calls", "Calls Redis answered.", |m| m.calls),
+                ("redis_failures", "Calls that failed (error or timeout).", |m| {
+                    m.failures
+                }),
+                ("redis_timeouts", "Calls that timed out.", |m| m.timeouts),
+                ("redis_outages", "Times Redis was declared unavailable.", |m| {
+                    m.outages
+                }),
+                (
+                    "redis_recoveries",
+                    "Times Redis answered again after an outage.",
+                    |m| m.recoveries,
+                ),
+            ];
+            for (name, help, read) in counters {
+                let mut m = family(&mut encoder, name, help, MetricType::Counter)?;
+                for (engine, metrics) in &redis {
+                    counter(&mut m, &[("engine", engine)], read(metrics))?;
+                }
+            }
+        }
+
+        let state = &self.state;
+        let mut m = family(
+            &mut encoder,
+            "config_reloads",
+            "Config edits applied or refused.",
+            MetricType::Counter,
+        )?;
+        counter(&mut m, &[("result", "ok")], state.config_reloads.load(Relaxed))?;
+        counter(
+            &mut m,
+            &[("result", "failed")],
+            state.config_reloads_failed.load(Relaxed),
+        )?;
+        if self.service.is_some() {
+            let mut m = family(
+                &mut encoder,
+                "rules_reloads",
+                "Rule sets applied or refused.",
+                MetricType::Counter,
+            )?;
+            counter(&mut m, &[("result", "ok")], state.rules_reloads.load(Relaxed))?;
+            counter(
+                &mut m,
+                &[("result", "failed")],
+                state.rules_reloads_failed.load(Relaxed),
+            )?;
+            lone_gauge(
+                &mut encoder,
+                "rules_revision",
+                "The rules service's revision in force (0: rules from files).",
+                clamp(state.rules_revision.load(Relaxed)),
+            )?;
+        }
+        lone_gauge(
+            &mut encoder,
+            "open_connections",
+            "Connections open now.",
+            clamp(self.open.get() as u64),
+        )?;
+        Ok(())
+    }
+}

@@ -1,0 +1,140 @@
+//! The admin listener of `sluice serve`, over real sockets: `/metrics` counts what clients
+//! were told, `/v1/top` names the flooded keys, `/readyz` follows Redis under `fail_closed`,
+//! and the console's page is served.
+
+mod common;
+#[path = "../../sluice-redis/tests/support/mod.rs"]
+mod redis_support;
+
+use common::{Client, Server, TempDir, wait_until};
+use redis_support::RedisServer;
+
+const CONFIG: &str = "
+admin: {listen: 127.0.0.1:0}
+fetch_latency: 0s
+failsafe: 1/h
+unknown: 1/h
+accounts:
+  alice@example.com: 3/h
+  bob@example.com: 5/h
+";
+
+fn start(config: &str, extra: &[&str]) -> (Server, TempDir) {
+    let dir = TempDir::new();
+    let file = dir.write("sluice.yaml", config);
+    let mut args = vec!["--config", file.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let server = Server::start(&args);
+    (server, dir)
+}
+
+fn admin(server: &Server) -> Client {
+    Client::connect(server.admin.expect("admin.listen is set"))
+}
+
+/// The value of the sample of `metric` whose labels contain every one of `labels`.
+fn sample(metrics: &str, metric: &str, labels: &[&str]) -> u64 {
+    metrics
+        .lines()
+        .find(|line| line.starts_with(metric) && labels.iter().all(|l| line.contains(l)))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no {metric} {labels:?} in:\n{metrics}"))
+}
+
+#[test]
+fn metrics_count_what_clients_were_told_and_top_names_the_flooded_keys() {
+    let (server, _dir) = start(CONFIG, &[]);
+    let started = std::time::Instant::now();
+    let mut client = server.client();
+    let mut denied = std::collections::HashMap::new();
+    for (account, requests) in [("alice@example.com", 10), ("bob@example.com", 7)] {
+        for _ in 0..requests {
+            if client.as_account(Some(account)).status == 429 {
+                *denied.entry(account).or_insert(0u64) += 1;
+            }
+        }
+    }
+    // A flood of new keys, and one key flooding hardest.
+    for i in 0..200 {
+        client.as_account(Some(&format!("mallory{i}")));
+    }
+    for _ in 0..50 {
+        client.as_account(Some("mallory"));
+    }
+    let metrics = admin(&server).get("/metrics", &[]);
+    assert_eq!(metrics.status, 200);
+    assert!(
+        metrics
+            .header("content-type")
+            .unwrap()
+            .starts_with("application/openmetrics-text"),
+        "{metrics:?}"
+    );
+    let body = &metrics.body;
+    for (account, told) in &denied {
+        let rule = format!("rule=\"accounts: account={account}\"");
+        assert_eq!(
+            sample(body, "sluice_decisions_total", &[&rule, "outcome=\"denied\""]),
+            *told
+        );
+    }
+    assert_eq!((denied["alice@example.com"], denied["bob@example.com"]), (7, 2));
+    let unknown = "rule=\"accounts: account\"";
+    assert_eq!(
+        sample(body, "sluice_decisions_total", &[unknown, "outcome=\"allowed\""]),
+        201
+    );
+    assert_eq!(
+        sample(body, "sluice_decisions_total", &[unknown, "outcome=\"denied\""]),
+        49
+    );
+    assert_eq!(
+        sample(body, "sluice_decision_seconds_count", &["front=\"http\""]),
+        267
+    );
+    assert!(sample(body, "sluice_store_entries", &["engine=\"accounts\""]) >= 203);
+    assert!(body.ends_with("# EOF\n"), "{body}");
+
+    let top = admin(&server).get("/v1/top?rule=accounts:%20account&n=3", &[]);
+    assert_eq!(top.status, 200, "{top:?}");
+    let top: serde_json::Value = serde_json::from_str(&top.body).unwrap();
+    assert_eq!(top["keys"][0]["key"], "mallory", "{top}");
+    assert_eq!(top["keys"][0]["denied"], 49, "{top}");
+    assert_eq!(admin(&server).get("/v1/top?rule=nothing", &[]).status, 404);
+    assert_eq!(admin(&server).get("/v1/top", &[]).status, 400);
+
+    assert_eq!(admin(&server).get("/healthz", &[]).status, 200);
+    let ui = admin(&server).get("/ui", &[]);
+    assert_eq!(ui.status, 200);
+    assert!(ui.body.contains("<canvas id=\"chart\""), "{}", ui.body);
+    // Denials are logged, paced (5 a second by default), naming rule and key: alice's first.
+    server.wait_for_log("denied rule=accounts: account=alice@example.com key=\"alice@example.com\"");
+    // 58 denials, of which at most a burst of 5 and 5 a second since are logged.
+    let logged = server.stderr().matches(" denied rule=").count();
+    let paced = 5 + (5.0 * started.elapsed().as_secs_f64()).ceil() as usize;
+    assert!(
+        logged >= 1 && logged <= paced.min(58),
+        "{logged} denials logged, at most {paced}"
+    );
+}
+
+#[test]
+fn readiness_follows_redis_under_fail_closed() {
+    let mut redis = RedisServer::start();
+    let config = format!("{CONFIG}redis: {{policy: fail_closed, timeout: 300ms}}\n");
+    let (server, _dir) = start(&config, &["--redis", &redis.url()]);
+    let ready = |server: &Server| admin(server).get("/readyz", &[]);
+    let first = ready(&server);
+    assert_eq!(first.status, 200, "{first:?}");
+    assert!(first.body.contains("\"name\":\"redis\""), "{}", first.body);
+
+    redis.kill();
+    // One probe after Redis is gone says so, naming the check.
+    let down = ready(&server);
+    assert_eq!(down.status, 503, "{down:?}");
+    assert!(down.body.contains("fail_closed"), "{}", down.body);
+
+    redis.restart();
+    wait_until("ready again", || ready(&server).status == 200);
+}
