@@ -305,6 +305,7 @@ fn engine_settings(limiter: &LimiterSettings) -> Result<EngineSettings, sluice_r
         },
         by_value,
         denied_log_per_second: limiter.denied_log,
+        observe: limiter.observe,
         ..EngineSettings::default()
     })
 }

@@ -427,6 +427,7 @@ struct StartOnly {
     max_connections: Option<usize>,
     max_header_bytes: usize,
     max_headers: usize,
+    admin: Option<SocketAddr>,
 }
 
 impl StartOnly {
@@ -437,6 +438,7 @@ impl StartOnly {
             max_connections: settings.max_connections,
             max_header_bytes: settings.max_header_bytes,
             max_headers: settings.max_headers,
+            admin: settings.admin,
         }
     }
 
@@ -454,6 +456,9 @@ impl StartOnly {
         }
         if self.max_headers != other.max_headers {
             changed.push("max_headers");
+        }
+        if self.admin != other.admin {
+            changed.push("admin");
         }
         changed
     }

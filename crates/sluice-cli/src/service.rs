@@ -95,6 +95,7 @@ pub async fn start(
             ..sluice_service::CounterSettings::default()
         },
         denied_log_per_second: settings.limiter.denied_log,
+        observe: settings.limiter.observe,
         ..EngineSettings::default()
     };
     let build = async |rules: RuleSet| -> Result<Engine, ServiceError> {

@@ -113,6 +113,9 @@ pub struct EngineSettings {
     /// At most this many denials a second are logged (target `sluice::denied`, naming the
     /// rule and the key); 0 logs none.
     pub denied_log_per_second: u32,
+    /// Whether decisions are counted per rule and timed per front end (what an exporter
+    /// reads); off, a decision costs nothing more than before they were.
+    pub observe: bool,
 }
 
 impl Default for EngineSettings {
@@ -125,6 +128,7 @@ impl Default for EngineSettings {
             counters: CounterSettings::default(),
             by_value: None,
             denied_log_per_second: 0,
+            observe: true,
         }
     }
 }
@@ -556,6 +560,20 @@ impl Engine {
 
     /// Counts each limited status of a decided request under its rule.
     fn record(&self, generation: &Generation, request: &CheckRequest, statuses: &[DescriptorStatus]) {
+        if !self.settings.observe {
+            if self.denied_log.is_some() {
+                for (status, descriptor) in statuses.iter().zip(&request.descriptors) {
+                    if let Some(limit) = &status.limit
+                        && status.code == Code::OverLimit
+                        && !limit.shadow
+                    {
+                        let key: Vec<String> = descriptor.entries.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                        self.log_denied(&limit.rule, &key.join(","));
+                    }
+                }
+            }
+            return;
+        }
         let hits = request.hits.filter(|h| *h > 0).unwrap_or(1);
         for (status, descriptor) in statuses.iter().zip(&request.descriptors) {
             let Some(limit) = &status.limit else { continue };
@@ -633,9 +651,16 @@ impl Engine {
         )
     }
 
-    /// Times one decision asked through `front`.
+    /// Times one decision asked through `front` (nothing unless [`EngineSettings::observe`]).
     pub fn record_latency(&self, front: FrontEnd, took: Duration) {
-        self.latency[front as usize].record(took);
+        if self.settings.observe {
+            self.latency[front as usize].record(took);
+        }
+    }
+
+    /// Whether decisions are counted and timed ([`EngineSettings::observe`]).
+    pub fn observes(&self) -> bool {
+        self.settings.observe
     }
 
     /// The decision latency through `front` so far.

@@ -114,9 +114,11 @@ impl LimitBackend for LayerBackend {
             match &generation.store {
                 Store::Memory(_) => match generation.memory(kind) {
                     Some(counters) => {
-                        let started = Instant::now();
+                        let started = self.engine.observes().then(Instant::now);
                         let (answer, quota) = counters.take_quoted(counter, cost);
-                        self.engine.record_latency(FrontEnd::Http, started.elapsed());
+                        if let Some(started) = started {
+                            self.engine.record_latency(FrontEnd::Http, started.elapsed());
+                        }
                         if let Ok(decision) = &answer {
                             count(
                                 &self.engine,
@@ -158,14 +160,16 @@ fn count(
     cost: u64,
     decision: &Decision,
 ) {
-    let Some(stats) = generation.stats.get(rule) else {
-        return;
-    };
     let over = !decision.is_allowed();
     if over && !shadow {
         engine.log_denied(rule, key);
     }
-    stats.record(cost, over, shadow, || Some(key.to_owned()));
+    if !engine.observes() {
+        return;
+    }
+    if let Some(stats) = generation.stats.get(rule) {
+        stats.record(cost, over, shadow, || Some(key.to_owned()));
+    }
 }
 
 /// What a check on Redis needs once it is off the request's thread.

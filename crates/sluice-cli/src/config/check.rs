@@ -136,6 +136,8 @@ impl RawConfig {
             redis,
             accounts_url: self.accounts_url.clone(),
             denied_log: self.denied_log.unwrap_or(super::DEFAULT_DENIED_LOG),
+            // Counted only where something reads the counts.
+            observe: self.admin.is_some(),
         };
 
         let ipv6_prefix = match self.ipv6_prefix {

@@ -83,6 +83,8 @@ pub struct LimiterSettings {
     pub accounts_url: Option<String>,
     /// Denials logged a second at most (0: none).
     pub denied_log: u32,
+    /// Decisions counted per rule and timed (for the admin listener's metrics).
+    pub observe: bool,
 }
 
 /// Denials logged a second at most when `denied_log` is left out.
@@ -104,6 +106,7 @@ impl LimiterSettings {
             redis,
             accounts_url,
             denied_log,
+            observe,
         } = self;
         let mut changed = Vec::new();
         let mut differs = |name, yes| {
@@ -122,6 +125,7 @@ impl LimiterSettings {
         differs("redis", *redis != other.redis);
         differs("accounts_url", *accounts_url != other.accounts_url);
         differs("denied_log", *denied_log != other.denied_log);
+        differs("admin", *observe != other.observe);
         changed
     }
 }
