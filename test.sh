@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 scripts/ensure-redis.sh
 scripts/ensure-postgres.sh
+scripts/ensure-chromium.sh
 if command -v cargo-nextest >/dev/null 2>&1; then
   cargo nextest run --workspace --release --no-fail-fast
 else

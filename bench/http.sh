@@ -9,6 +9,9 @@
 #   sluice bypass (control)    admin@example.com: the same server, the limiter skipped
 #   nginx limit_req            limit_req keyed by X-Account-ID at 1r/s (nearly every answer 429)
 #   nginx no limit             the same nginx, no limit_req
+#   ... denied, metrics on     the denied case on a third sluice with its admin listener (every
+#                              decision counted per rule and timed), with its ratio to the
+#                              denied case without (the metrics' cost)
 # and prints the median requests/s and server CPU time per request of each, with the median
 # over rounds of its ratio to sluice's control in the same round.
 #
@@ -49,6 +52,7 @@ scratch
 
 write_bench_config "$tmp/sluice.yaml"
 { cat "$tmp/sluice.yaml"; echo "headers: false"; } >"$tmp/sluice-no-fields.yaml"
+{ cat "$tmp/sluice.yaml"; echo "admin: {listen: 127.0.0.1:0}"; } >"$tmp/sluice-metrics.yaml"
 # Starts sluice with a config; sets url and pid.
 start_sluice() {
   "$SLUICE" serve "${sluice_threads[@]}" --config "$tmp/$1.yaml" --listen 127.0.0.1:0 \
@@ -61,6 +65,8 @@ start_sluice sluice
 SLUICE_URL=$url; sluice_pid=$pid
 start_sluice sluice-no-fields
 NO_FIELDS_URL=$url; no_fields_pid=$pid
+start_sluice sluice-metrics
+METRICS_URL=$url; metrics_pid=$pid
 
 # nginx: $nginx_workers worker(s), no logs, the same two answers as sluice.
 mkdir -p "$tmp/nginx/logs" "$tmp/nginx/html"
@@ -104,6 +110,7 @@ cases=(
   "sluice bypass (control)|$SLUICE_URL/|admin@example.com|$sluice_pid"
   "nginx limit_req|http://127.0.0.1:$NGINX_LIMITED_PORT/|alice@example.com|$nginx_workers_pids"
   "nginx no limit|http://127.0.0.1:$NGINX_PORT/|alice@example.com|$nginx_workers_pids"
+  "... denied, metrics on|$METRICS_URL/|alice@example.com|$metrics_pid"
 )
 
 # Warm up each target once, then measure in interleaved rounds so drift hits all alike.
@@ -147,3 +154,7 @@ for i in "${!cases[@]}"; do
   printf '| %-26s | %12.0f | %10.3f | %14.2f | %10.3f | %10s |\n' \
     "$name" "$rps" "$(ratios "$i" 2)" "$cpu" "$(ratios "$i" 5)" "$share"
 done
+metrics_cost=$(awk '$1 == 2 {off[$6] = $2} $1 == 6 {on[$6] = $2} END {for (r in on) print on[r] / off[r]}' \
+  "$tmp/results" | median)
+echo
+echo "denied req/s with metrics on / off (median over rounds): $metrics_cost"

@@ -567,7 +567,11 @@ impl Engine {
                         && status.code == Code::OverLimit
                         && !limit.shadow
                     {
-                        let key: Vec<String> = descriptor.entries.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                        let key: Vec<String> = descriptor
+                            .entries
+                            .iter()
+                            .map(|(k, v)| format!("{k}={v}"))
+                            .collect();
                         self.log_denied(&limit.rule, &key.join(","));
                     }
                 }

@@ -248,6 +248,7 @@ impl Response {
 /// One keep-alive HTTP/1.1 connection.
 pub struct Client {
     reader: BufReader<TcpStream>,
+    host: String,
 }
 
 impl Client {
@@ -257,7 +258,14 @@ impl Client {
         stream.set_nodelay(true).unwrap();
         Self {
             reader: BufReader::new(stream),
+            host: "test".into(),
         }
+    }
+
+    /// Sends `host` as the `Host` of every request (`test` otherwise).
+    pub fn with_host(mut self, host: &str) -> Self {
+        self.host = host.to_owned();
+        self
     }
 
     pub fn get(&mut self, path: &str, headers: &[(&str, &str)]) -> Response {
@@ -284,7 +292,7 @@ impl Client {
 
     /// A request with a body.
     pub fn send(&mut self, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Response {
-        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: test\r\n");
+        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\n", self.host);
         for (k, v) in headers {
             head.push_str(&format!("{k}: {v}\r\n"));
         }
@@ -297,7 +305,7 @@ impl Client {
 
     /// A request whose header values are raw bytes (not necessarily text).
     pub fn request_bytes(&mut self, method: &str, path: &str, headers: &[(&str, &[u8])]) -> Response {
-        let mut bytes = format!("{method} {path} HTTP/1.1\r\nHost: test\r\n").into_bytes();
+        let mut bytes = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\n", self.host).into_bytes();
         for (k, v) in headers {
             bytes.extend_from_slice(format!("{k}: ").as_bytes());
             bytes.extend_from_slice(v);
