@@ -372,3 +372,44 @@ async fn the_health_service_says_serving() {
         tonic_health::pb::health_check_response::ServingStatus::Serving as i32
     );
 }
+
+#[tokio::test]
+async fn the_health_service_follows_the_hosts_readiness() {
+    let rules = RuleSet::from_yaml(RULES).unwrap();
+    let engine = Arc::new(Engine::new(rules, EngineSettings::default()).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (ready, readiness) = tokio::sync::watch::channel(true);
+    let service = RateLimitService::new(engine).reporting(readiness);
+    tokio::spawn(service.serve(listener, std::future::pending()));
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let status = async |health: &mut tonic_health::pb::health_client::HealthClient<Channel>,
+                        service: &str| {
+        health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status
+    };
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let named = "envoy.service.ratelimit.v3.RateLimitService";
+    for (now, expected) in [(false, ServingStatus::NotServing), (true, ServingStatus::Serving)] {
+        ready.send_replace(now);
+        let mut tries = 0;
+        while status(&mut health, named).await != expected as i32
+            || status(&mut health, "").await != expected as i32
+        {
+            tries += 1;
+            assert!(tries < 500, "the health service never said {expected:?}");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+}
