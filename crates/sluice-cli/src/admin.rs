@@ -8,15 +8,18 @@
 //! | `GET /v1/rules` | every rule with its limit and decisions (JSON; the console's source) |
 //! | `GET /v1/top?rule=R&n=N` | the keys rule `R` (its place or name) denied most over about the last minute |
 //! | `GET /ui` | the live console, its assets in the binary |
+//! | `/rules/...` | with `rules: {url}`: the rules service's API (`/v1/...`), forwarded with the caller's own `Authorization`, so the console edits rules with the user's token, never the host's |
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use axum::Router;
+use axum::extract::DefaultBodyLimit;
 use axum::extract::{Query, State};
+use axum::http::{HeaderMap, Method, Uri};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{any, get};
 use serde::{Deserialize, Serialize};
 use sluice_descriptors::Limit;
 use sluice_redis::FailurePolicy;
@@ -40,6 +43,8 @@ pub fn router(observed: Observed) -> Router {
         .route("/v1/rules", get(rules))
         .route("/v1/top", get(top))
         .route("/ui", get(console))
+        .route("/rules/{*path}", any(rules_api))
+        .layer(DefaultBodyLimit::max(sluice_rules::MAX_RULES_BYTES))
         .with_state(observed)
 }
 
@@ -231,4 +236,54 @@ async fn console() -> Response {
         include_str!("console.html"),
     )
         .into_response()
+}
+
+/// What is forwarded of a console's request to the rules service, and of its answer back.
+const FORWARDED: [header::HeaderName; 4] = [
+    header::AUTHORIZATION,
+    header::IF_MATCH,
+    header::IF_NONE_MATCH,
+    header::CONTENT_TYPE,
+];
+const ANSWERED: [header::HeaderName; 3] = [header::CONTENT_TYPE, header::ETAG, header::WWW_AUTHENTICATE];
+
+async fn rules_api(
+    State(observed): State<Observed>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    let Some(source) = &observed.rules_service else {
+        return (
+            StatusCode::NOT_FOUND,
+            "this host reads its rules from files: there is no rules service to edit\n",
+        )
+            .into_response();
+    };
+    let Ok(body) = body else {
+        return (StatusCode::PAYLOAD_TOO_LARGE, "a body is at most 4 MiB\n").into_response();
+    };
+    // The path as the client wrote it (still percent-encoded), after `/rules/`.
+    let path = uri.path().strip_prefix("/rules/").unwrap_or("");
+    let path = match uri.query() {
+        Some(query) => format!("{path}?{query}"),
+        None => path.to_owned(),
+    };
+    let forwarded = FORWARDED
+        .iter()
+        .filter_map(|name| Some((name.clone(), headers.get(name)?.clone())))
+        .collect();
+    match source.forward(method, &path, forwarded, body).await {
+        Ok((status, headers, body)) => {
+            let mut answer = (status, body).into_response();
+            for name in ANSWERED {
+                if let Some(value) = headers.get(&name) {
+                    answer.headers_mut().insert(name, value.clone());
+                }
+            }
+            answer
+        }
+        Err(e) => (StatusCode::BAD_GATEWAY, format!("rules service: {e}\n")).into_response(),
+    }
 }

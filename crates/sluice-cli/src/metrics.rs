@@ -49,6 +49,8 @@ pub struct Observed {
     pub state: Arc<HostState>,
     /// The connections open now.
     pub open: OpenConnections,
+    /// The rules service the host polls, if it does (the console edits rules through it).
+    pub rules_service: Option<sluice_rules::RulesSource>,
 }
 
 impl std::fmt::Debug for Observed {

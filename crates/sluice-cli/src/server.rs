@@ -154,6 +154,10 @@ pub async fn serve(
         service: service.as_ref().map(|running| Arc::clone(running.engine())),
         state,
         open: acceptor.connections.open(),
+        rules_service: match options.settings.service.as_ref().map(|service| &service.rules) {
+            Some(crate::config::RulesFrom::Service(remote)) => Some(remote.source.clone()),
+            _ => None,
+        },
     };
     crate::admin::watch_readiness(observed.clone(), ready, acceptor.stop.subscribe());
     if let Some(addr) = options.settings.admin {

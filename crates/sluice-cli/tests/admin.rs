@@ -138,3 +138,43 @@ fn readiness_follows_redis_under_fail_closed() {
     redis.restart();
     wait_until("ready again", || ready(&server).status == 200);
 }
+
+#[test]
+fn the_rules_service_is_reached_through_the_admin_listener_with_the_callers_token() {
+    let store = TempDir::new();
+    store.write(
+        "tokens",
+        "writer write writer-0123456789abcdef\nhosts read reader-0123456789abcdef\n",
+    );
+    let rules = common::RulesService::start(&store, &["--tokens", "tokens"]);
+    let config = format!(
+        "admin: {{listen: 127.0.0.1:0}}\napi: {{listen: 127.0.0.1:0}}\nrules: {{url: \"http://{}\", poll: 100ms, token: reader-0123456789abcdef, snapshot: rules.json}}\n",
+        rules.addr
+    );
+    let (server, _dir) = start(&config, &[]);
+    let edge =
+        "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 5}\n";
+    // Without the caller's token nothing is written: the host's own token is not lent.
+    let refused = admin(&server).send("PUT", "/rules/domains/edge", &[("if-none-match", "*")], edge);
+    assert_eq!(refused.status, 401, "{refused:?}");
+    assert_eq!(refused.header("www-authenticate"), Some("Bearer"));
+    let writer = ("authorization", "Bearer writer-0123456789abcdef");
+    let created = admin(&server).send(
+        "PUT",
+        "/rules/domains/edge",
+        &[writer, ("if-none-match", "*")],
+        edge,
+    );
+    assert_eq!(created.status, 201, "{created:?}");
+    assert_eq!(created.header("etag"), Some("\"1\""));
+    let listed = admin(&server).get("/rules/domains?prefix=ed", &[writer]);
+    assert!(listed.body.contains("\"edge\""), "{listed:?}");
+    // The host polls it in.
+    server.wait_for_log("rules from the rules service applied");
+    let metrics = admin(&server).get("/metrics", &[]).body;
+    assert_eq!(sample(&metrics, "sluice_rules_revision", &[]), 1);
+
+    // A host that reads files has nothing to forward to.
+    let (plain, _dir) = start(CONFIG, &[]);
+    assert_eq!(admin(&plain).get("/rules/domains", &[]).status, 404);
+}

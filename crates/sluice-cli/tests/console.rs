@@ -80,6 +80,63 @@ impl Driver {
     }
 }
 
+/// A headless Chromium session, ended on drop.
+struct Browser {
+    driver: Driver,
+    id: String,
+}
+
+impl Browser {
+    fn open(url: &str) -> Self {
+        let driver = Driver::start();
+        let session = driver.call(
+            "POST",
+            "/session",
+            &json!({"capabilities": {"alwaysMatch": {
+                "browserName": "chrome",
+                "goog:chromeOptions": {
+                    "binary": which("chromium"),
+                    "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1000,1100"]
+                }
+            }}}),
+        );
+        let id = session["sessionId"].as_str().expect("a session").to_owned();
+        driver.call("POST", &format!("/session/{id}/url"), &json!({ "url": url }));
+        Self { driver, id }
+    }
+
+    /// Runs `source` in the page; what it returns.
+    fn script(&self, source: &str) -> Value {
+        self.driver.call(
+            "POST",
+            &format!("/session/{}/execute/sync", self.id),
+            &json!({"script": source, "args": []}),
+        )
+    }
+
+    /// An element's text.
+    fn text(&self, element: &str) -> String {
+        let found = self.script(&format!(
+            "return document.getElementById('{element}').textContent"
+        ));
+        found.as_str().unwrap_or("").to_owned()
+    }
+
+    fn screenshot(&self) -> Vec<u8> {
+        let png = self
+            .driver
+            .call("GET", &format!("/session/{}/screenshot", self.id), &json!({}));
+        base64_decode(png.as_str().expect("a screenshot"))
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let mut client = Client::connect(self.driver.addr).with_host(&self.driver.addr.to_string());
+        let _ = client.send("DELETE", &format!("/session/{}", self.id), &[], "");
+    }
+}
+
 /// Standard base64, as WebDriver sends screenshots.
 fn base64_decode(text: &str) -> Vec<u8> {
     let value = |c: u8| match c {
@@ -127,33 +184,8 @@ fn the_console_shows_live_rates_a_chart_and_the_keys_denied() {
         })
     };
 
-    let driver = Driver::start();
-    let chromium = which("chromium");
-    let session = driver.call(
-        "POST",
-        "/session",
-        &json!({"capabilities": {"alwaysMatch": {
-            "browserName": "chrome",
-            "goog:chromeOptions": {
-                "binary": chromium,
-                "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1000,900"]
-            }
-        }}}),
-    );
-    let id = session["sessionId"].as_str().expect("a session").to_owned();
-    let script = |source: &str| {
-        driver.call(
-            "POST",
-            &format!("/session/{id}/execute/sync"),
-            &json!({"script": source, "args": []}),
-        )
-    };
-    driver.call(
-        "POST",
-        &format!("/session/{id}/url"),
-        &json!({"url": format!("http://{admin}/ui")}),
-    );
-
+    let browser = Browser::open(&format!("http://{admin}/ui"));
+    let script = |source: &str| browser.script(source);
     // The page polls every second: the numbers move and the chart gets points.
     let number = |element: &str| -> u64 {
         script(&format!(
@@ -193,17 +225,65 @@ fn the_console_shows_live_rates_a_chart_and_the_keys_denied() {
     let health = script("return document.getElementById('health').textContent");
     assert!(health.as_str().unwrap_or("").contains("ready"), "{health}");
 
-    let png = base64_decode(
-        driver
-            .call("GET", &format!("/session/{id}/screenshot"), &json!({}))
-            .as_str()
-            .unwrap(),
-    );
+    let png = browser.screenshot();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
     let target = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/console.png");
     std::fs::write(&target, &png).unwrap();
 
-    let _ = driver.call("DELETE", &format!("/session/{id}"), &json!({}));
+    drop(browser);
     running.store(false, Ordering::Relaxed);
     load.join().unwrap();
+}
+
+#[test]
+fn the_console_edits_the_rules_with_the_users_token() {
+    let store = TempDir::new();
+    store.write(
+        "tokens",
+        "writer write writer-0123456789abcdef\nhosts read reader-0123456789abcdef\n",
+    );
+    let rules = common::RulesService::start(&store, &["--tokens", "tokens"]);
+    let edge =
+        "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 5}\n";
+    let mut api = Client::connect(rules.addr);
+    let writer = ("authorization", "Bearer writer-0123456789abcdef");
+    assert_eq!(api.send("PUT", "/v1/domains/edge", &[writer], edge).status, 201);
+    let dir = TempDir::new();
+    let file = dir.write(
+        "sluice.yaml",
+        &format!(
+            "admin: {{listen: 127.0.0.1:0}}\napi: {{listen: 127.0.0.1:0}}\nrules: {{url: \"http://{}\", poll: 100ms, token: reader-0123456789abcdef, snapshot: rules.json}}\n",
+            rules.addr
+        ),
+    );
+    let server = Server::start(&["--config", file.to_str().unwrap()]);
+    let browser = Browser::open(&format!("http://{}/ui", server.admin.unwrap()));
+    wait_until("the editor shown", || {
+        browser.script("return !document.getElementById('editor').hidden") == json!(true)
+    });
+    browser.script(
+        "document.getElementById('token').value = 'writer-0123456789abcdef';
+         document.getElementById('list').click();",
+    );
+    wait_until("the domains listed", || browser.text("domains").contains("edge"));
+    browser.script("document.getElementById('load').click();");
+    wait_until("edge loaded", || browser.text("saved").starts_with("loaded edge"));
+    browser.script(
+        "const text = document.getElementById('text');
+         text.value = text.value.replace('requests_per_unit: 5', 'requests_per_unit: 7');
+         document.getElementById('save').click();",
+    );
+    wait_until("saved", || browser.text("saved").starts_with("saved edge"));
+    // Stored, and polled in by the host.
+    let stored = api.get("/v1/domains/edge", &[writer]);
+    assert!(stored.body.contains("requests_per_unit: 7"), "{stored:?}");
+    server.wait_for_log("revision=2");
+    // A stale save is refused and says so: the page still holds revision 2's ETag.
+    assert_eq!(
+        api.send("PUT", "/v1/domains/edge", &[writer, ("if-match", "\"2\"")], edge)
+            .status,
+        200
+    );
+    browser.script("document.getElementById('save').click();");
+    wait_until("refused", || browser.text("saved").starts_with("not saved: 412"));
 }

@@ -2,8 +2,8 @@
 //! service, a quota service): a GET on a new HTTP/1.1 connection, its answer bounded.
 
 use axum::body::Bytes;
-use axum::http::{HeaderName, HeaderValue, Request, StatusCode, Uri, header};
-use http_body_util::{BodyExt, Empty, Limited};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri, header};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
@@ -42,6 +42,20 @@ pub(crate) async fn get(
     headers: Vec<(HeaderName, HeaderValue)>,
     max_bytes: usize,
 ) -> Result<(StatusCode, Bytes), FetchError> {
+    let (status, _, body) = send(Method::GET, authority, path, headers, Bytes::new(), max_bytes).await?;
+    Ok((status, body))
+}
+
+/// Sends one request to `authority`: the status, the headers and a body of at most
+/// `max_bytes`. The caller bounds the time.
+pub(crate) async fn send(
+    method: Method,
+    authority: &str,
+    path: &str,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    body: Bytes,
+    max_bytes: usize,
+) -> Result<(StatusCode, HeaderMap, Bytes), FetchError> {
     let connect = |source| FetchError::Connect {
         address: authority.to_owned(),
         source,
@@ -55,14 +69,16 @@ pub(crate) async fn get(
     // The connection is driven beside the request and ends with it.
     let driver = tokio::spawn(connection);
     let answer = async {
-        let mut request = Request::get(path)
+        let mut request = Request::builder()
+            .method(method)
+            .uri(path)
             .header(header::HOST, authority)
-            .body(Empty::<Bytes>::new())
+            .body(Full::new(body))
             .map_err(|e| http(&e))?;
         request.headers_mut().extend(headers);
         let response = sender.send_request(request).await.map_err(|e| http(&e))?;
-        let status = response.status();
-        let body = Limited::new(response.into_body(), max_bytes)
+        let (head, answer) = response.into_parts();
+        let body = Limited::new(answer, max_bytes)
             .collect()
             .await
             .map_err(|e| {
@@ -73,7 +89,7 @@ pub(crate) async fn get(
                 }
             })?
             .to_bytes();
-        Ok((status, body))
+        Ok((head.status, head.headers, body))
     }
     .await;
     driver.abort();

@@ -229,6 +229,8 @@ pub enum Fetched {
 pub struct RulesSource {
     /// host:port, as sent in `Host` and connected to.
     authority: String,
+    /// The URL's path, before the API's own.
+    base: String,
     path: String,
     authorization: Option<header::HeaderValue>,
     timeout: Duration,
@@ -254,6 +256,7 @@ impl RulesSource {
             });
         Ok(Self {
             authority,
+            base,
             path,
             authorization,
             timeout: DEFAULT_TIMEOUT,
@@ -278,6 +281,28 @@ impl RulesSource {
     /// host:port polled.
     pub fn authority(&self) -> &str {
         &self.authority
+    }
+
+    /// Sends a request of someone else's to the rules API (`path` is after `/v1`, with its
+    /// query), with their `headers` and `body` and none of this source's own credentials: what
+    /// a console editing the rules through the host does. Answers the status, the headers
+    /// and the body, bounded like a poll's.
+    ///
+    /// # Errors
+    /// The service unreachable or slow, or an answer over the bound.
+    pub async fn forward(
+        &self,
+        method: axum::http::Method,
+        path: &str,
+        headers: Vec<(header::HeaderName, header::HeaderValue)>,
+        body: Bytes,
+    ) -> Result<(StatusCode, header::HeaderMap, Bytes), FetchError> {
+        let path = format!("{}/v1/{}", self.base, path.trim_start_matches('/'));
+        let sent = crate::client::send(method, &self.authority, &path, headers, body, self.max_bytes);
+        match tokio::time::timeout(self.timeout, sent).await {
+            Ok(answer) => answer,
+            Err(_) => Err(FetchError::Timeout(self.timeout)),
+        }
     }
 
     /// Asks for the rules; with `known`, a store still at that revision answers
