@@ -107,6 +107,13 @@ fn lone_gauge(
     ConstGauge::new(value).encode(family(encoder, name, help, MetricType::Gauge)?)
 }
 
+/// A metric's name, its help, and how it is read.
+type Read<F> = (&'static str, &'static str, F);
+/// A store gauge, from the store's counts and its capacity.
+type StoreGauge = fn(&sluice::KeyedMetrics, u64) -> u64;
+type StoreCount = fn(&sluice::KeyedMetrics) -> u64;
+type RedisCount = fn(&sluice_redis::StoreMetrics) -> u64;
+
 fn clamp(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
@@ -205,7 +212,7 @@ impl Collector for Observed {
             .iter()
             .filter_map(|(name, engine)| Some((*name, engine.store_metrics()?)))
             .collect();
-        let gauges: [(&str, &str, fn(&sluice::KeyedMetrics, u64) -> u64); 3] = [
+        let gauges: [Read<StoreGauge>; 3] = [
             ("store_entries", "Counters held in memory.", |m, _| m.entries),
             (
                 "store_capacity",
@@ -240,7 +247,7 @@ impl Collector for Observed {
                 metrics.evicted_frequency,
             )?;
         }
-        let counters: [(&str, &str, fn(&sluice::KeyedMetrics) -> u64); 4] = [
+        let counters: [Read<StoreCount>; 4] = [
             (
                 "store_refused",
                 "Newcomers not stored: every counter they could replace was used more.",
@@ -277,7 +284,7 @@ impl Collector for Observed {
             for (engine, metrics) in &redis {
                 gauge(&mut m, &[("engine", engine)], i64::from(metrics.degraded))?;
             }
-            let counters: [(&str, &str, fn(&sluice_redis::StoreMetrics) -> u64); 5] = [
+            let counters: [Read<RedisCount>; 5] = [
                 ("redis_calls", "Calls Redis answered.", |m| m.calls),
                 ("redis_failures", "Calls that failed (error or timeout).", |m| {
                     m.failures
