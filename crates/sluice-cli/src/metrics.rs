@@ -212,7 +212,7 @@ impl Collector for Observed {
             .iter()
             .filter_map(|(name, engine)| Some((*name, engine.store_metrics()?)))
             .collect();
-        let gauges: [Read<StoreGauge>; 3] = [
+        let gauges: [Read<StoreGauge>; 5] = [
             ("store_entries", "Counters held in memory.", |m, _| m.entries),
             (
                 "store_capacity",
@@ -222,6 +222,16 @@ impl Collector for Observed {
             ("quota_fetches_in_flight", "Quota fetches running now.", |m, _| {
                 m.fetches_in_flight
             }),
+            (
+                "failsafe_pool_used",
+                "Units of the failsafe pool in use now (keys still without their own quota).",
+                |m, _| m.pool_used,
+            ),
+            (
+                "failsafe_pool_capacity",
+                "The failsafe pool's capacity (0: none).",
+                |m, _| m.pool_capacity,
+            ),
         ];
         for (name, help, read) in gauges {
             let mut m = family(&mut encoder, name, help, MetricType::Gauge)?;

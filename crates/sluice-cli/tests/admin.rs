@@ -178,3 +178,38 @@ fn the_rules_service_is_reached_through_the_admin_listener_with_the_callers_toke
     let (plain, _dir) = start(CONFIG, &[]);
     assert_eq!(admin(&plain).get("/rules/domains", &[]).status, 404);
 }
+
+#[test]
+fn the_failsafe_pools_use_is_shown_while_quotas_are_fetched() {
+    // Quotas take an hour to fetch: every new key stays on the failsafe quota and the pool.
+    let config = "admin: {listen: 127.0.0.1:0}\nfetch_latency: 1h\nfetch_timeout: 2h\nfailsafe: 10/min\nfailsafe_pool: 100/min\n";
+    let (server, _dir) = start(config, &[]);
+    let mut client = server.client();
+    for i in 0..3 {
+        assert_eq!(
+            client.as_account(Some(&format!("new{i}@example.com"))).status,
+            200
+        );
+    }
+    let metrics = admin(&server).get("/metrics", &[]).body;
+    assert_eq!(
+        sample(&metrics, "sluice_failsafe_pool_used", &["engine=\"accounts\""]),
+        3
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            "sluice_failsafe_pool_capacity",
+            &["engine=\"accounts\""]
+        ),
+        100
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            "sluice_quota_fetches_in_flight",
+            &["engine=\"accounts\""]
+        ),
+        3
+    );
+}

@@ -692,6 +692,8 @@ impl Engine {
             sum.fetch_panics += m.fetch_panics;
             sum.fetches_skipped += m.fetches_skipped;
             sum.fetches_in_flight += m.fetches_in_flight;
+            sum.pool_used += m.pool_used;
+            sum.pool_capacity += m.pool_capacity;
         }
         let capacity = u64::try_from(self.settings.counters.capacity).unwrap_or(u64::MAX);
         Some((sum, capacity * counters.len() as u64))

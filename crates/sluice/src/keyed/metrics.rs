@@ -26,6 +26,10 @@ pub struct KeyedMetrics {
     pub fetches_skipped: u64,
     /// Fetches running now (at most the limiter's bound).
     pub fetches_in_flight: u64,
+    /// Whole units of the failsafe pool in use now (0 without a pool).
+    pub pool_used: u64,
+    /// The failsafe pool's capacity (0 without a pool).
+    pub pool_capacity: u64,
 }
 
 /// The limiter-wide counters. Evictions and refusals are counted per shard, under its write

@@ -224,6 +224,10 @@ where
     pub fn metrics(&self) -> KeyedMetrics {
         let mut metrics = self.inner.counters.read();
         metrics.fetches_in_flight = self.inner.slots.in_flight();
+        if let Some(pool) = &self.inner.pool {
+            metrics.pool_used = pool.used(self.inner.clock.now());
+            metrics.pool_capacity = pool.quota().capacity();
+        }
         for shard in &self.inner.shards {
             let shard = shard.read();
             metrics.entries += shard.entries.len() as u64;
