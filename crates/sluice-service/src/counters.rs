@@ -9,6 +9,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use sluice::{
     Algorithm, AlgorithmKind, AlgorithmVisitor, CheckError, Decision, FetchResult, KeyedBuildError,
     KeyedLimiter, KeyedLink, KeyedMetrics, Link, Migrated, Quota, QuotaSource, Receipt,
@@ -65,23 +66,29 @@ impl std::fmt::Debug for ValueQuotas {
     }
 }
 
-/// The quotas of one generation of rules, by rule: what the limiters' source answers, after
-/// the simulated fetch latency if there is one, or from a [`ValueQuotas`] source.
+/// The quotas the limiters' source answers: one table of quotas by rule, which a reload that
+/// keeps the limiters replaces in place (every clone shares it), after the simulated fetch
+/// latency if there is one, or from a [`ValueQuotas`] source.
 #[derive(Clone, Default)]
 pub(crate) struct RuleQuotas {
-    quotas: Arc<HashMap<RuleId, Quota>>,
+    table: Arc<ArcSwap<QuotaTable>>,
     latency: Duration,
+}
+
+/// One generation's quotas by rule, and the rules whose quotas come by value.
+#[derive(Default)]
+pub(crate) struct QuotaTable {
+    quotas: HashMap<RuleId, Quota>,
     by_value: Option<AskedByValue>,
 }
 
 /// The rules whose counters' quotas a [`ValueQuotaSource`] gives, and that source.
 type AskedByValue = (Arc<HashSet<RuleId>>, Arc<dyn ValueQuotaSource>);
 
-impl RuleQuotas {
-    pub(crate) fn new(quotas: HashMap<RuleId, Quota>, latency: Duration) -> Self {
+impl QuotaTable {
+    pub(crate) fn new(quotas: HashMap<RuleId, Quota>) -> Self {
         Self {
-            quotas: Arc::new(quotas),
-            latency,
+            quotas,
             by_value: None,
         }
     }
@@ -99,9 +106,8 @@ impl RuleQuotas {
         self
     }
 
-    /// The quota of a counter key: its override's, or its rule's in this generation. `None`
-    /// for a key whose quota its value's source gives (it keeps the quota it holds).
-    pub(crate) fn quota_of(&self, key: &str) -> Option<Quota> {
+    /// See [`RuleQuotas::quota_of`].
+    fn quota_of(&self, key: &str) -> Option<Quota> {
         if let Some(rest) = key.strip_prefix(BY_OVERRIDE) {
             let (quota, _) = rest.split_once(OVERRIDE_END)?;
             return quota.parse().ok();
@@ -117,32 +123,55 @@ impl RuleQuotas {
         self.quotas.get(&id).copied()
     }
 
-    /// The source and value to ask for a key of a rule whose quotas come by value.
-    fn asked(&self, key: &str) -> Option<(&Arc<dyn ValueQuotaSource>, String)> {
+    /// The source and value to ask for a key of a rule whose quotas come by value, with the
+    /// rule's own quota for a value the source does not know.
+    fn asked(&self, key: &str) -> Option<(Arc<dyn ValueQuotaSource>, String, Option<Quota>)> {
         let (asked, source) = self.by_value.as_ref()?;
         let counter = key.strip_prefix(BY_RULE)?;
-        if !asked.contains(&rule_of(counter)?) {
+        let rule = rule_of(counter)?;
+        if !asked.contains(&rule) {
             return None;
         }
-        Some((source, last_value_of(counter)?))
+        Some((
+            Arc::clone(source),
+            last_value_of(counter)?,
+            self.quotas.get(&rule).copied(),
+        ))
+    }
+}
+
+impl RuleQuotas {
+    pub(crate) fn new(table: QuotaTable, latency: Duration) -> Self {
+        Self {
+            table: Arc::new(ArcSwap::from_pointee(table)),
+            latency,
+        }
+    }
+
+    /// The quota of a counter key: its override's, or its rule's in the table in force. `None`
+    /// for a key whose quota its value's source gives (it keeps the quota it holds).
+    pub(crate) fn quota_of(&self, key: &str) -> Option<Quota> {
+        self.table.load().quota_of(key)
+    }
+
+    /// Puts `table` in force for every limiter on these quotas.
+    pub(crate) fn replace(&self, table: QuotaTable) {
+        self.table.store(Arc::new(table));
     }
 }
 
 impl QuotaSource<String> for RuleQuotas {
     fn fetch(&self, key: &String) -> impl Future<Output = FetchResult> + Send + 'static {
         use futures_util::future::Either;
-        if let Some((source, value)) = self.asked(key) {
+        let table = self.table.load();
+        if let Some((source, value, fallback)) = table.asked(key) {
             // The value's quota, or its rule's when the source does not know it.
-            let fallback = key
-                .strip_prefix(BY_RULE)
-                .and_then(rule_of)
-                .and_then(|id| self.quotas.get(&id).copied());
             let asking = source.fetch(&value);
             return Either::Left(async move { Ok(asking.await?.or(fallback)) });
         }
         // A key of a rule no longer configured: the unknown-key quota (no check reaches it,
         // as every check finds its rule first).
-        let quota = self.quota_of(key);
+        let quota = table.quota_of(key);
         let latency = self.latency;
         // Without a latency this is ready at its first poll: the check that fetches it is
         // decided on the rule's quota.
@@ -203,6 +232,9 @@ pub(crate) trait Counters: Send + Sync {
     /// Moves every counter into `target`, a limiter of the same algorithm, each under its
     /// quota in `quotas` (the target's) from its next check on.
     fn migrate_into(&self, target: &dyn Counters, quotas: &RuleQuotas) -> Migrated;
+    /// Puts every held counter under its quota in `quotas` at once, in place, one shard at a
+    /// time; how many changed quota.
+    fn requote(&self, quotas: &RuleQuotas) -> u64;
     /// The limiter's counters.
     fn metrics(&self) -> KeyedMetrics;
     fn as_any(&self) -> &dyn Any;
@@ -234,6 +266,10 @@ impl<A: Algorithm> Counters for Limiter<A> {
             Some(target) => self.migrate_requoted(target, |key| quotas.quota_of(key)),
             None => Migrated::default(),
         }
+    }
+
+    fn requote(&self, quotas: &RuleQuotas) -> u64 {
+        KeyedLimiter::requote(self, |key| quotas.quota_of(key))
     }
 
     fn metrics(&self) -> KeyedMetrics {

@@ -14,7 +14,7 @@ use sluice::{AlgorithmKind, CheckError, Decision, KeyedBuildError, Migrated, Quo
 use sluice_descriptors::{Entry, Limit, Rule, RuleId, RuleSet};
 use sluice_http::FieldPolicy;
 
-use crate::counters::{self, CounterSettings, Counters, RuleQuotas, ValueQuotas, write_counter};
+use crate::counters::{self, CounterSettings, Counters, QuotaTable, RuleQuotas, ValueQuotas, write_counter};
 use crate::shared::{self, RedisCounters, SharedCounters};
 use crate::stats::{FrontEnd, Latency, LatencySnapshot, RuleCounts, RuleStats};
 
@@ -365,10 +365,11 @@ impl std::fmt::Debug for Engine {
 /// What a reload kept.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Reloaded {
-    /// Counters moved into the new generation with their counts (none on Redis, where the
-    /// counts stay in place).
+    /// Counters kept with their counts: in place on a reload, moved into the other engine on
+    /// a migration (none on Redis, where the counts stay in Redis).
     pub moved: u64,
-    /// Counters dropped (the new limiters had no room).
+    /// Counters dropped: the other engine had no room, or no rule uses their algorithm any
+    /// more.
     pub dropped: u64,
 }
 
@@ -468,19 +469,39 @@ impl Engine {
                 kinds.push(kind);
             }
         }
-        let mut quotas = RuleQuotas::new(quotas, settings.counters.fetch_latency);
+        let mut table = QuotaTable::new(quotas);
         if let Some(by_value) = &settings.by_value {
-            quotas = quotas.by_value(&rules, by_value);
+            table = table.by_value(&rules, by_value);
         }
-        let store = match redis {
-            None => Store::Memory(
-                kinds
+        let (quotas, store) = match (redis, previous.map(|p| (&p.store, &p.quotas))) {
+            // In memory after a generation in memory: its limiters stay, with every counter
+            // in place, and read the new table once nothing else can fail; a limiter is built
+            // only for an algorithm new to the rules.
+            (None, Some((Store::Memory(held), quotas))) => {
+                let counters = kinds
+                    .into_iter()
+                    .map(|kind| {
+                        let kept = held.iter().find(|(k, _)| *k == kind).map(|(_, c)| Arc::clone(c));
+                        match kept {
+                            Some(counters) => Ok((kind, counters)),
+                            None => Ok((kind, counters::build(kind, quotas.clone(), settings.counters)?)),
+                        }
+                    })
+                    .collect::<Result<_, KeyedBuildError>>()?;
+                quotas.replace(table);
+                (quotas.clone(), Store::Memory(counters))
+            }
+            (None, _) => {
+                let quotas = RuleQuotas::new(table, settings.counters.fetch_latency);
+                let counters = kinds
                     .into_iter()
                     .map(|kind| Ok((kind, counters::build(kind, quotas.clone(), settings.counters)?)))
-                    .collect::<Result<_, KeyedBuildError>>()?,
-            ),
-            Some(redis) => Store::Redis(
-                kinds
+                    .collect::<Result<_, KeyedBuildError>>()?;
+                (quotas, Store::Memory(counters))
+            }
+            (Some(redis), _) => {
+                let quotas = RuleQuotas::new(table, settings.counters.fetch_latency);
+                let counters = kinds
                     .into_iter()
                     .map(|kind| {
                         Ok((
@@ -489,8 +510,9 @@ impl Engine {
                         ))
                     })
                     .collect::<Result<_, sluice_redis::Error>>()
-                    .map_err(|e| BuildError::RedisLimiter(Box::new(e)))?,
-            ),
+                    .map_err(|e| BuildError::RedisLimiter(Box::new(e)))?;
+                (quotas, Store::Redis(counters))
+            }
         };
         Ok(Generation {
             rules,
@@ -501,28 +523,37 @@ impl Engine {
         })
     }
 
-    /// Replaces the rules. Every held counter stays with its count (in memory it moves into
-    /// the new generation; on Redis it never left); a counter whose rule's quota changed is
-    /// decided on the new quota from its next check on, by the core's quota-change rule (what
-    /// still counts stays consumed, capped).
+    /// Replaces the rules. Every held counter stays with its count: in memory the limiters
+    /// stay and each counter takes its rule's new quota in place, one shard locked at a time
+    /// (checks elsewhere go on), by the core's quota-change rule (what still counts stays
+    /// consumed, capped); on Redis the counts never left.
     ///
     /// # Errors
     /// A limiter could not be built, or (on Redis) a rule cannot be counted there; the
     /// running rules stay.
     pub fn reload(&self, rules: RuleSet) -> Result<Reloaded, BuildError> {
         let old = self.current.load_full();
-        let next = Self::generation(rules, &self.settings, self.redis.as_ref(), Some(&old))?;
-        let reloaded = match &old.store {
-            // An algorithm no rule uses any more has no limiter to move into.
-            Store::Memory(counters) => move_counters(
-                counters
-                    .iter()
-                    .filter_map(|(kind, c)| Some((&**c, next.memory(*kind)?))),
-                &next.quotas,
-            ),
-            Store::Redis(_) => Reloaded::default(),
-        };
-        self.current.store(Arc::new(next));
+        let next = Arc::new(Self::generation(
+            rules,
+            &self.settings,
+            self.redis.as_ref(),
+            Some(&old),
+        )?);
+        self.current.store(Arc::clone(&next));
+        let mut reloaded = Reloaded::default();
+        if let (Store::Memory(before), Store::Memory(after)) = (&old.store, &next.store) {
+            for (kind, counters) in before {
+                let entries = counters.metrics().entries;
+                if after.iter().any(|(k, c)| k == kind && Arc::ptr_eq(c, counters)) {
+                    // Kept: each counter takes its rule's new quota now, one shard at a time.
+                    counters.requote(&next.quotas);
+                    reloaded.moved += entries;
+                } else {
+                    // An algorithm no rule uses any more: its counters go with the old rules.
+                    reloaded.dropped += entries;
+                }
+            }
+        }
         Ok(reloaded)
     }
 

@@ -187,6 +187,61 @@ where
     }
 }
 
+impl<K, A, S, C> KeyedLimiter<K, A, S, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    A: Algorithm,
+    S: QuotaSource<K>,
+    C: Clock + 'static,
+{
+    /// Applies new quotas at once, in place, to the held keys `quota_of` answers: each keeps
+    /// what it has consumed (the quota change rule: what still counts stays consumed, capped)
+    /// and its quota counts as fetched now. Keys it does not answer keep theirs until their
+    /// next refresh. Returns how many keys changed quota.
+    ///
+    /// Unlike [`migrate_requoted`](Self::migrate_requoted), nothing moves: one shard is locked
+    /// at a time, so checks of keys in the other shards go on meanwhile, and a check of a key
+    /// not yet reached is decided on its old quota. The limiter's source should answer the
+    /// new quotas too, or the next refresh brings the old ones back.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{KeyedLimiter, TokenBucket};
+    /// let limiter = KeyedLimiter::<u64, _>::builder(TokenBucket, "5/h".parse()?).build()?;
+    /// assert!(limiter.check_n(&7, 2)?.is_allowed());
+    /// let lowered = "3/h".parse()?;
+    /// assert_eq!(limiter.requote(|key| (*key == 7).then_some(lowered)), 1);
+    /// let decision = limiter.check(&7);
+    /// assert!(decision.is_allowed());
+    /// assert_eq!(decision.remaining(), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn requote(&self, quota_of: impl Fn(&K) -> Option<crate::Quota>) -> u64 {
+        let inner = &*self.inner;
+        let mut changed = 0;
+        for shard in &inner.shards {
+            let mut guard = shard.write();
+            let now = inner.clock.now();
+            for entry in &mut guard.entries {
+                let Some(quota) = quota_of(&entry.key) else {
+                    continue;
+                };
+                // A book that is full keeps the key on its quota until its next refresh.
+                let Ok(limit) = inner.book.book(&inner.algorithm, quota) else {
+                    continue;
+                };
+                if !limit.same(&entry.limit) {
+                    entry.replace_limit(&inner.algorithm, limit, now);
+                    changed += 1;
+                }
+                let bits = entry.meta.get_mut();
+                *bits = meta::with_fetched_at(*bits, now) | meta::KNOWN;
+            }
+        }
+        changed
+    }
+}
+
 /// The quota a key held on `limit` has in the target, and whether it is the source's answer
 /// ([`meta::KNOWN`]) or a stand-in until it comes.
 fn quota_in_target<K, A: Algorithm, S, C, S2, C2>(
@@ -314,6 +369,55 @@ mod tests {
         assert!(next.check(&2).is_allowed());
         assert_eq!(next.metrics().fetches, fetches + 1);
         assert!(!next.check(&2).is_allowed());
+    }
+
+    /// Requoting in place decides every key as moving it under the new quota does.
+    fn requote_matches_migrate<A: Algorithm + Copy>(algorithm: A) {
+        let clock = ManualClock::new(1_000_000_000);
+        let build = || {
+            KeyedLimiter::<u64, _>::builder(algorithm, quota("10/s"))
+                .source(StaticQuotas::from_iter((0..64).map(|k| (k, quota("20/min")))))
+                .refresh_every(Duration::from_secs(3600))
+                .clock(clock.clone())
+                .build()
+                .unwrap()
+        };
+        let (in_place, moved) = (build(), build());
+        for key in 0..64u64 {
+            // Consumption 0..=19, some of it 1..10 s old.
+            for _ in 0..key % 20 {
+                assert!(in_place.check(&key).is_allowed());
+                assert!(moved.check(&key).is_allowed());
+            }
+            clock.advance(Duration::from_millis(150));
+        }
+        let lower = |key: &u64| (key % 3 != 0).then(|| quota(if key % 2 == 0 { "7/min" } else { "30/min" }));
+        let target = build();
+        moved.migrate_requoted(&target, lower);
+        let changed = in_place.requote(lower);
+        // Held (checked at least once) and answered.
+        assert_eq!(
+            changed,
+            (0..64).filter(|k| k % 3 != 0 && k % 20 != 0).count() as u64
+        );
+        for key in 0..64u64 {
+            assert_eq!(in_place.quota_of(&key), target.quota_of(&key), "key {key}");
+            for _ in 0..4 {
+                let (a, b) = (in_place.check(&key), target.check(&key));
+                assert_eq!(
+                    (a.is_allowed(), a.remaining(), a.limit()),
+                    (b.is_allowed(), b.remaining(), b.limit()),
+                    "key {key}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn requoting_in_place_decides_as_moving_does() {
+        requote_matches_migrate(TokenBucket);
+        requote_matches_migrate(FixedWindow);
+        requote_matches_migrate(SlidingWindowLog);
     }
 
     #[test]
