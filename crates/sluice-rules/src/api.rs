@@ -232,6 +232,18 @@ fn precondition(headers: &HeaderMap, name: header::HeaderName) -> Result<Option<
         })
 }
 
+/// The `If-Match` a change of an existing domain must send: its revision, or `None` for `*`.
+fn required_if_match(headers: &HeaderMap) -> Result<Option<u64>, Refused> {
+    match precondition(headers, header::IF_MATCH)? {
+        Some(if_match) => Ok(if_match),
+        None => Err(Box::new(problem(
+            StatusCode::PRECONDITION_REQUIRED,
+            "If-Match required",
+            "send If-Match with the ETag you read (or *)",
+        ))),
+    }
+}
+
 /// One domain as the API sends it (and a retriever reads it).
 #[derive(Serialize, Deserialize)]
 pub(crate) struct DomainBody {
@@ -478,16 +490,9 @@ async fn patch<S: RuleStore + Send + Sync + 'static>(
         Ok(body) => body,
         Err(refused) => return *refused,
     };
-    let if_match = match precondition(&headers, header::IF_MATCH) {
-        Ok(Some(if_match)) => if_match,
-        Ok(None) => {
-            return problem(
-                StatusCode::PRECONDITION_REQUIRED,
-                "If-Match required",
-                "send If-Match with the ETag you read (or *)",
-            );
-        }
-        Err(bad) => return *bad,
+    let if_match = match required_if_match(&headers) {
+        Ok(if_match) => if_match,
+        Err(refused) => return *refused,
     };
     let answer = blocking(&shared, move |store| {
         let held = store.get(&domain)?;
@@ -539,16 +544,9 @@ async fn remove<S: RuleStore + Send + Sync + 'static>(
         Ok(caller) => caller,
         Err(refused) => return *refused,
     };
-    let if_match = match precondition(&headers, header::IF_MATCH) {
-        Ok(Some(if_match)) => if_match,
-        Ok(None) => {
-            return problem(
-                StatusCode::PRECONDITION_REQUIRED,
-                "If-Match required",
-                "send If-Match with the ETag you read (or *)",
-            );
-        }
-        Err(bad) => return *bad,
+    let if_match = match required_if_match(&headers) {
+        Ok(if_match) => if_match,
+        Err(refused) => return *refused,
     };
     match blocking(&shared, move |store| {
         store.delete(&domain, if_match, &caller.name)

@@ -207,6 +207,18 @@ fn postgres_message(error: &::postgres::Error) -> String {
     }
 }
 
+/// Checks a rules file written to `domain`: valid, and naming that domain.
+fn checked_for(domain: &str, text: &str) -> Result<(), StoreError> {
+    let named = checked_domain(text)?;
+    if named != domain {
+        return Err(StoreError::WrongDomain {
+            domain: domain.to_owned(),
+            named,
+        });
+    }
+    Ok(())
+}
+
 /// Checks a rules file and returns its domain's name.
 fn checked_domain(text: &str) -> Result<String, StoreError> {
     Ok(sluice_descriptors::parse_domain(text)?.name().to_owned())

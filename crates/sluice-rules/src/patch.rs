@@ -139,8 +139,13 @@ fn array_index(token: &str, len: usize, past_end: bool) -> Result<usize, String>
 }
 
 fn find<'a>(document: &'a mut Value, pointer: &str) -> Result<&'a mut Value, String> {
+    walk(document, tokens(pointer)?)
+}
+
+/// The value `tokens` lead to from `document`.
+fn walk(document: &mut Value, tokens: Vec<String>) -> Result<&mut Value, String> {
     let mut here = document;
-    for token in tokens(pointer)? {
+    for token in tokens {
         here = match here {
             Value::Object(map) => map.get_mut(&token).ok_or_else(|| format!("no field {token:?}"))?,
             Value::Array(items) => {
@@ -159,18 +164,7 @@ fn parent<'a>(document: &'a mut Value, pointer: &str) -> Result<(&'a mut Value, 
     let Some(last) = all.pop() else {
         return Err("the whole document cannot be added or removed".into());
     };
-    let mut here = document;
-    for token in all {
-        here = match here {
-            Value::Object(map) => map.get_mut(&token).ok_or_else(|| format!("no field {token:?}"))?,
-            Value::Array(items) => {
-                let index = array_index(&token, items.len(), false)?;
-                &mut items[index]
-            }
-            _ => return Err(format!("{token:?} is inside a value that has no fields")),
-        };
-    }
-    Ok((here, last))
+    Ok((walk(document, all)?, last))
 }
 
 fn add(document: &mut Value, pointer: &str, value: Value) -> Result<(), String> {

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use postgres::{Client, Config, IsolationLevel, NoTls, Transaction};
 
-use crate::{Change, DomainRecord, Listing, MAX_PAGE, RuleStore, StoreError, checked_domain};
+use crate::{Change, DomainRecord, Listing, MAX_PAGE, RuleStore, StoreError, checked_domain, checked_for};
 
 /// The schema, one step per version: a database at version `n` runs the steps after `n`.
 /// Every table is prefixed, so the store can share a database with other things.
@@ -274,13 +274,7 @@ impl RuleStore for PostgresStore {
         if_match: Option<u64>,
         who: &str,
     ) -> Result<DomainRecord, StoreError> {
-        let named = checked_domain(text)?;
-        if named != domain {
-            return Err(StoreError::WrongDomain {
-                domain: domain.to_owned(),
-                named,
-            });
-        }
+        checked_for(domain, text)?;
         self.write(|transaction, revision| {
             let held = matching(transaction, domain, if_match)?;
             transaction.execute(
