@@ -5,7 +5,8 @@
 //! Run with `cargo bench -p sluice-service --bench reload`. The engine holds one key-only
 //! rule on `user` and 1 000 000 counters (one per value, each taken once); each iteration
 //! applies the other of two rule sets that differ in that rule's quota (1000/s, 999/s), so
-//! every counter is requoted.
+//! every counter is requoted. Before measuring, a thread checks while the engine reloads five
+//! times and the longest check is printed: how long a reload can make a check wait.
 
 use std::future::Future;
 use std::hint::black_box;
@@ -57,6 +58,7 @@ fn reload(c: &mut Criterion) {
         assert_eq!(verdict.overall, Code::Ok);
     }
     let sets = [rules(999), rules(1000)];
+    longest_check_during_reloads(&engine, &sets);
     let mut group = c.benchmark_group("reload");
     group.sample_size(10);
     let mut turn = 0;
@@ -69,6 +71,40 @@ fn reload(c: &mut Criterion) {
         });
     });
     group.finish();
+}
+
+/// Checks from another thread while the engine reloads five times: the longest one says how
+/// long a check can wait for a reload (one shard's requote, not the whole store's).
+fn longest_check_during_reloads(engine: &Engine, sets: &[RuleSet; 2]) {
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (longest, checks) = std::thread::scope(|scope| {
+        let checker = scope.spawn(|| {
+            let mut request = CheckRequest {
+                domain: "bench".into(),
+                descriptors: vec![DescriptorRequest {
+                    entries: vec![("user".into(), String::new())],
+                    ..Default::default()
+                }],
+                hits: None,
+            };
+            let (mut longest, mut checks, mut value) = (std::time::Duration::ZERO, 0u64, 0u64);
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                value = (value + 7919) % KEYS;
+                request.descriptors[0].entries[0].1 = value.to_string();
+                let started = std::time::Instant::now();
+                black_box(now(engine.check(&request, false)).expect("a valid request"));
+                longest = longest.max(started.elapsed());
+                checks += 1;
+            }
+            (longest, checks)
+        });
+        for turn in 0..5 {
+            engine.reload(sets[turn % 2].clone()).expect("the rules build");
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        checker.join().expect("the checker")
+    });
+    println!("reload/1m_keys: the longest of {checks} checks during 5 reloads took {longest:?}");
 }
 
 criterion_group!(benches, reload);
