@@ -391,7 +391,9 @@ mod tests {
             }
             clock.advance(Duration::from_millis(150));
         }
-        let lower = |key: &u64| (key % 3 != 0).then(|| quota(if key % 2 == 0 { "7/min" } else { "30/min" }));
+        let lower = |key: &u64| {
+            (!key.is_multiple_of(3)).then(|| quota(if key.is_multiple_of(2) { "7/min" } else { "30/min" }))
+        };
         let target = build();
         moved.migrate_requoted(&target, lower);
         let changed = in_place.requote(lower);
