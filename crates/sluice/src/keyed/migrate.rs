@@ -207,7 +207,9 @@ where
     /// # Example
     /// ```
     /// use sluice::{KeyedLimiter, TokenBucket};
-    /// let limiter = KeyedLimiter::<u64, _>::builder(TokenBucket, "5/h".parse()?).build()?;
+    /// let limiter = KeyedLimiter::<u64, _>::builder(TokenBucket, "10/s".parse()?)
+    ///     .unknown_key_quota("5/h".parse()?)
+    ///     .build()?;
     /// assert!(limiter.check_n(&7, 2)?.is_allowed());
     /// let lowered = "3/h".parse()?;
     /// assert_eq!(limiter.requote(|key| (*key == 7).then_some(lowered)), 1);
