@@ -591,59 +591,32 @@ impl Engine {
 
     /// Counts each limited status of a decided request under its rule.
     fn record(&self, generation: &Generation, request: &CheckRequest, statuses: &[DescriptorStatus]) {
-        if !self.settings.observe {
-            if self.denied_log.is_some() {
-                for (status, descriptor) in statuses.iter().zip(&request.descriptors) {
-                    if let Some(limit) = &status.limit
-                        && status.code == Code::OverLimit
-                        && !limit.shadow
-                    {
-                        let key: Vec<String> = descriptor
-                            .entries
-                            .iter()
-                            .map(|(k, v)| format!("{k}={v}"))
-                            .collect();
-                        self.log_denied(&limit.rule, &key.join(","));
-                    }
-                }
-            }
-            return;
-        }
         let hits = request.hits.filter(|h| *h > 0).unwrap_or(1);
         for (status, descriptor) in statuses.iter().zip(&request.descriptors) {
             let Some(limit) = &status.limit else { continue };
-            let Some(stats) = generation.stats.get(&limit.rule) else {
-                continue;
-            };
             let over = status.code == Code::OverLimit;
-            let key = || {
-                let mut key = String::new();
-                for (i, (name, value)) in descriptor.entries.iter().enumerate() {
-                    if i > 0 {
-                        key.push(',');
-                    }
-                    key.push_str(name);
-                    key.push('=');
-                    key.push_str(value);
-                }
-                Some(key)
-            };
-            let hits = descriptor.hits.filter(|h| *h > 0).unwrap_or(hits);
+            let key = || Some(descriptor_key(descriptor));
             if over && !limit.shadow {
-                self.log_denied(&limit.rule, &key().unwrap_or_default());
+                self.log_denied(&limit.rule, || descriptor_key(descriptor));
             }
-            stats.record(hits, over, limit.shadow, key);
+            if !self.settings.observe {
+                continue;
+            }
+            if let Some(stats) = generation.stats.get(&limit.rule) {
+                let hits = descriptor.hits.filter(|h| *h > 0).unwrap_or(hits);
+                stats.record(hits, over, limit.shadow, key);
+            }
         }
     }
 
     /// Logs a denial, at most `denied_log_per_second` a second.
-    pub(crate) fn log_denied(&self, rule: &RuleId, key: &str) {
+    pub(crate) fn log_denied(&self, rule: &RuleId, key: impl FnOnce() -> String) {
         if self
             .denied_log
             .as_ref()
             .is_some_and(|pace| pace.check().is_allowed())
         {
-            tracing::info!(target: "sluice::denied", rule = %rule, key, "denied");
+            tracing::info!(target: "sluice::denied", rule = %rule, key = key(), "denied");
         }
     }
 
@@ -1094,6 +1067,20 @@ fn move_counters<'a>(
         reloaded.dropped += dropped;
     }
     reloaded
+}
+
+/// A descriptor as the top keys and the denied log name it: `key=value,key=value`.
+fn descriptor_key(descriptor: &DescriptorRequest) -> String {
+    let mut key = String::new();
+    for (i, (name, value)) in descriptor.entries.iter().enumerate() {
+        if i > 0 {
+            key.push(',');
+        }
+        key.push_str(name);
+        key.push('=');
+        key.push_str(value);
+    }
+    key
 }
 
 /// Each limit's decision on Redis for `cost` of it, all at once: `None` where the cost can

@@ -162,7 +162,7 @@ fn count(
 ) {
     let over = !decision.is_allowed();
     if over && !shadow {
-        engine.log_denied(rule, key);
+        engine.log_denied(rule, || key.to_owned());
     }
     if !engine.observes() {
         return;
