@@ -159,7 +159,15 @@ pub async fn serve(
             _ => None,
         },
     };
-    crate::admin::watch_readiness(observed.clone(), ready, acceptor.stop.subscribe());
+    // Only the RLS port's gRPC health service reads it (`/readyz` checks when asked).
+    if options
+        .settings
+        .service
+        .as_ref()
+        .is_some_and(|service| service.rls.is_some())
+    {
+        crate::admin::watch_readiness(observed.clone(), ready, acceptor.stop.subscribe());
+    }
     if let Some(addr) = options.settings.admin {
         let admin = bind_first(addr, false).map_err(|source| ServeError::AdminBind { addr, source })?;
         let admin_bound = admin
