@@ -26,6 +26,18 @@ fn rules(per_second: u32) -> RuleSet {
     .expect("the bench's rules")
 }
 
+/// A check of one `user` value (set before each check).
+fn user_request() -> CheckRequest {
+    CheckRequest {
+        domain: "bench".into(),
+        descriptors: vec![DescriptorRequest {
+            entries: vec![("user".into(), String::new())],
+            ..Default::default()
+        }],
+        hits: None,
+    }
+}
+
 /// The answer of a future that completes at its first poll (an in-memory check).
 fn now<T>(future: impl Future<Output = T>) -> T {
     let mut future = pin!(future);
@@ -44,14 +56,7 @@ fn reload(c: &mut Criterion) {
         ..EngineSettings::default()
     };
     let engine = Engine::new(rules(1000), settings).expect("the bench's engine");
-    let mut request = CheckRequest {
-        domain: "bench".into(),
-        descriptors: vec![DescriptorRequest {
-            entries: vec![("user".into(), String::new())],
-            ..Default::default()
-        }],
-        hits: None,
-    };
+    let mut request = user_request();
     for value in 0..KEYS {
         request.descriptors[0].entries[0].1 = value.to_string();
         let verdict = now(engine.check(&request, false)).expect("a valid request");
@@ -79,14 +84,7 @@ fn longest_check_during_reloads(engine: &Engine, sets: &[RuleSet; 2]) {
     let done = std::sync::atomic::AtomicBool::new(false);
     let (longest, checks) = std::thread::scope(|scope| {
         let checker = scope.spawn(|| {
-            let mut request = CheckRequest {
-                domain: "bench".into(),
-                descriptors: vec![DescriptorRequest {
-                    entries: vec![("user".into(), String::new())],
-                    ..Default::default()
-                }],
-                hits: None,
-            };
+            let mut request = user_request();
             let (mut longest, mut checks, mut value) = (std::time::Duration::ZERO, 0u64, 0u64);
             while !done.load(std::sync::atomic::Ordering::Relaxed) {
                 value = (value + 7919) % KEYS;

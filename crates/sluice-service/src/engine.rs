@@ -685,22 +685,10 @@ impl Engine {
         };
         let mut sum = sluice::KeyedMetrics::default();
         for (_, c) in counters {
-            let m = c.metrics();
-            sum.entries += m.entries;
-            sum.evicted_idle += m.evicted_idle;
-            sum.evicted_frequency += m.evicted_frequency;
-            sum.refused += m.refused;
-            sum.fetches += m.fetches;
-            sum.fetch_errors += m.fetch_errors;
-            sum.fetch_timeouts += m.fetch_timeouts;
-            sum.fetch_panics += m.fetch_panics;
-            sum.fetches_skipped += m.fetches_skipped;
-            sum.fetches_in_flight += m.fetches_in_flight;
-            sum.pool_used += m.pool_used;
-            sum.pool_capacity += m.pool_capacity;
+            sum += c.metrics();
         }
         let capacity = u64::try_from(self.settings.counters.capacity).unwrap_or(u64::MAX);
-        Some((sum, capacity * counters.len() as u64))
+        Some((sum, capacity.saturating_mul(counters.len() as u64)))
     }
 
     /// The Redis the counters are on, if they are.

@@ -32,6 +32,38 @@ pub struct KeyedMetrics {
     pub pool_capacity: u64,
 }
 
+/// Sums another limiter's counters into these (several limiters read as one).
+impl std::ops::AddAssign for KeyedMetrics {
+    fn add_assign(&mut self, other: Self) {
+        let Self {
+            entries,
+            evicted_idle,
+            evicted_frequency,
+            refused,
+            fetches,
+            fetch_errors,
+            fetch_timeouts,
+            fetch_panics,
+            fetches_skipped,
+            fetches_in_flight,
+            pool_used,
+            pool_capacity,
+        } = other;
+        self.entries += entries;
+        self.evicted_idle += evicted_idle;
+        self.evicted_frequency += evicted_frequency;
+        self.refused += refused;
+        self.fetches += fetches;
+        self.fetch_errors += fetch_errors;
+        self.fetch_timeouts += fetch_timeouts;
+        self.fetch_panics += fetch_panics;
+        self.fetches_skipped += fetches_skipped;
+        self.fetches_in_flight += fetches_in_flight;
+        self.pool_used += pool_used;
+        self.pool_capacity += pool_capacity;
+    }
+}
+
 /// The limiter-wide counters. Evictions and refusals are counted per shard, under its write
 /// lock.
 #[derive(Default)]
