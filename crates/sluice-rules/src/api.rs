@@ -408,10 +408,7 @@ async fn write<S: RuleStore + Send + Sync + 'static>(
         (Err(bad), _) | (_, Err(bad)) => return *bad,
     };
     let answer = blocking(&shared, move |store| {
-        let named = crate::checked_domain(&text)?;
-        if named != domain {
-            return Err(StoreError::WrongDomain { domain, named });
-        }
+        crate::checked_for(&domain, &text)?;
         let held = match store.get(&domain) {
             Ok(held) => Some(held),
             Err(StoreError::NotFound(_)) => None,
