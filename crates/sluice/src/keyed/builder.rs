@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::book::QuotaBook;
 use super::fetch::{ErrorHook, Slots, Spawner, Task};
-use super::index::MAX_ENTRIES;
+use super::table::MAX_ENTRIES;
 use super::lock::StripedRwLock;
 use super::metrics::Counters;
 use super::pool::Pool;
@@ -294,7 +294,7 @@ where
             source,
         };
         let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
-        // A shard indexes at most `MAX_ENTRIES`: a larger capacity takes more shards.
+        // A shard holds at most `MAX_ENTRIES`: a larger capacity takes more shards.
         let shards = self
             .shards
             .unwrap_or(cores * 16)

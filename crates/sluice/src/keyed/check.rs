@@ -68,14 +68,13 @@ where
     {
         let inner = &*self.inner;
         let guard = inner.shard(hash).read();
-        let Some(i) = guard.find(hash, key) else {
+        let Some(entry) = guard.get(hash, key) else {
             // A new key: what the slow path will need is loaded on the way there.
             guard.prefetch_room(hash);
             return Err(Miss::Absent {
                 inserts: guard.inserts,
             });
         };
-        let entry = &guard.entries[i];
         let now = inner.clock.now();
         let since = entry.since_epoch(now);
         // Past the horizon, or pooled (a separate path, so the hot one pays one comparison).
@@ -124,14 +123,13 @@ where
     {
         let inner = &*self.inner;
         let guard = inner.shard(hash).read();
-        let Some(i) = guard.find(hash, key) else {
+        let Some(entry) = guard.get(hash, key) else {
             let miss = Miss::Absent {
                 inserts: guard.inserts,
             };
             drop(guard);
             return self.check_slow(hash, key.to_owned().into(), cost, miss);
         };
-        let entry = &guard.entries[i];
         let now = inner.clock.now();
         let since = entry.since_epoch(now);
         let limit = entry.limit;
@@ -176,8 +174,8 @@ where
         let mut guard = inner.shard(hash).write();
         // Only an insert can bring the key in: with none since the miss, it is still absent.
         let unchanged = matches!(miss, Miss::Absent { inserts } if inserts == guard.inserts);
-        if !unchanged && let Some(i) = guard.find(hash, &key) {
-            return inner.decide_held(&mut guard.entries[i], now, cost);
+        if !unchanged && let Some(entry) = guard.get_mut(hash, &key) {
+            return inner.decide_held(entry, now, cost);
         }
         // A source runs user code and may be waited for: never under the shard's lock. The
         // key may have come in meanwhile.
@@ -188,9 +186,9 @@ where
             guard = inner.shard(hash).write();
             now = inner.clock.now();
             if guard.inserts != inserts
-                && let Some(i) = guard.find(hash, &key)
+                && let Some(entry) = guard.get_mut(hash, &key)
             {
-                return inner.decide_held(&mut guard.entries[i], now, cost);
+                return inner.decide_held(entry, now, cost);
             }
             fetched
         } else {
@@ -198,18 +196,14 @@ where
             (inner.unknown, meta::with_fetched_at(meta::KNOWN, now), None)
         };
         let hash_of = |k: &K| inner.hasher.hash_one(k);
-        let place = match guard.make_room(&inner.algorithm, hash, now, hash_of) {
-            Room::Refused => {
-                drop(guard);
-                // Its fetch, if running, is dropped with it: there is nothing to apply it to.
-                return inner.decide_apart(key, limit, bits, now, cost);
-            }
-            Room::Free => None,
-            Room::Reused(i) => Some(i),
-        };
+        let room = guard.make_room(&inner.algorithm, hash, now, hash_of);
+        if let Room::Refused = room {
+            drop(guard);
+            // Its fetch, if running, is dropped with it: there is nothing to apply it to.
+            return inner.decide_apart(key, limit, bits, now, cost);
+        }
         let entry = Entry::new(&inner.algorithm, key, limit, now, bits | meta::ONE_USE);
-        let i = guard.insert(place, hash, entry, hash_of);
-        let checked = inner.decide_on(&guard.entries[i], now, cost);
+        let checked = inner.decide_on(guard.insert(room, hash, entry, hash_of), now, cost);
         drop(guard);
         if let Some(pending) = pending {
             self.spawn_fetch(*pending);

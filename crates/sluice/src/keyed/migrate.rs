@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 use super::book::LimitRef;
-use super::shard::{Entry, meta};
+use super::shard::{Entry, Room, meta};
 use super::{Inner, KeyedLimiter, QuotaSource};
 use crate::algorithm::succeed;
 use crate::{Algorithm, Clock};
@@ -128,7 +128,7 @@ where
         // Keys whose consumption still counts first, so a smaller target keeps those.
         for idle_pass in [false, true] {
             for shard in &mut old {
-                for entry in &mut shard.entries {
+                for entry in shard.entries_mut() {
                     let hash = hash_of(&entry.key);
                     let place = &mut new[to.shard_index(hash)];
                     // Moved in the first pass, or held by the target before.
@@ -174,7 +174,7 @@ where
                         meta: AtomicU64::new((bits & meta::FREQUENCY).max(meta::ONE_USE) | known | fetched),
                         state,
                     };
-                    place.insert(None, hash, moved, hash_of);
+                    place.insert(Room::Free, hash, moved, hash_of);
                     done.moved += 1;
                 }
             }
@@ -224,7 +224,7 @@ where
         for shard in &inner.shards {
             let mut guard = shard.write();
             let now = inner.clock.now();
-            for entry in &mut guard.entries {
+            for entry in guard.entries_mut() {
                 let Some(quota) = quota_of(&entry.key) else {
                     continue;
                 };

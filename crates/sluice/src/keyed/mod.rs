@@ -1,8 +1,8 @@
 //! The keyed limiter: one limit per key (account, API key, IP...), each with its own quota
 //! from a [`QuotaSource`], in bounded memory, without a global lock.
 //!
-//! Keys live in shards (a power of two, several per core), each a read-write lock over a hash
-//! index and a dense vector of entries. Checking a key that is present takes only the shard's
+//! Keys live in shards (a power of two, several per core), each a read-write lock over a table
+//! of entries found by hash. Checking a key that is present takes only the shard's
 //! *read* lock and allocates nothing; the limit itself is decided by the algorithm's atomic
 //! state. Inserting a key, applying a fetched quota or evicting takes that one shard's write
 //! lock.
@@ -20,14 +20,13 @@
 //! The files: `builder.rs` (settings), `book.rs` (compiled quotas), `check.rs` (the two check
 //! paths), `fetch.rs` (quota fetches) and `timer.rs` (their deadlines), `pool.rs` (the failsafe
 //! pool), `migrate.rs` (moving held keys into a limiter built with other settings),
-//! `refund.rs` (takes and refunds for chains), `shard.rs`, `index.rs`, `lock.rs` and
+//! `refund.rs` (takes and refunds for chains), `shard.rs`, `table.rs`, `lock.rs` and
 //! `sketch.rs` (the store), `metrics.rs`, `source.rs`.
 
 mod book;
 mod builder;
 mod check;
 mod fetch;
-mod index;
 mod lock;
 mod metrics;
 mod migrate;
@@ -36,6 +35,7 @@ mod refund;
 mod shard;
 mod sketch;
 mod source;
+mod table;
 mod timer;
 
 use std::borrow::Borrow;
@@ -230,7 +230,7 @@ where
         }
         for shard in &self.inner.shards {
             let shard = shard.read();
-            metrics.entries += shard.entries.len() as u64;
+            metrics.entries += shard.len() as u64;
             metrics.evicted_idle += shard.evicted_idle;
             metrics.evicted_frequency += shard.evicted_frequency;
             metrics.refused += shard.refused;
@@ -246,7 +246,7 @@ where
     {
         let hash = self.inner.hasher.hash_one(key);
         let guard = self.inner.shard(hash).read();
-        guard.find(hash, key).map(|i| guard.entries[i].limit.quota)
+        guard.get(hash, key).map(|entry| entry.limit.quota)
     }
 
     /// Bytes of memory held by the store's tables (excluding what keys own on the heap).
@@ -322,7 +322,7 @@ mod tests {
         assert!(metrics.evicted_idle > 0, "the store evicted: {metrics:?}");
         let mut seen = HashSet::new();
         for shard in &limiter.inner.shards {
-            for entry in &shard.read().entries {
+            for entry in shard.read().entries() {
                 assert!(seen.insert(entry.key), "key {} stored twice", entry.key);
             }
         }

@@ -43,8 +43,7 @@ where
         let inner = &*self.inner;
         let hash = inner.hasher.hash_one(key);
         let guard = inner.shard(hash).read();
-        if let Some(i) = guard.find(hash, key) {
-            let entry = &guard.entries[i];
+        if let Some(entry) = guard.get(hash, key) {
             let bits = entry.meta.load(Ordering::Relaxed);
             if entry.tag(bits) == receipt.tag() && receipt.at() <= entry.limit.horizon {
                 let params = &entry.limit.params;

@@ -1,11 +1,11 @@
-//! One shard of the keyed store: a hash index over a dense vector of entries, bounded, with
-//! sampled eviction (idle entries first, then the least frequently used, TinyLFU admission).
+//! One shard of the keyed store: a table of entries found by hash, bounded, with sampled
+//! eviction (idle entries first, then the least frequently used, TinyLFU admission).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::book::LimitRef;
-use super::index::{Index, MAX_ENTRIES};
 use super::sketch::FrequencySketch;
+use super::table::Table;
 use crate::Algorithm;
 use crate::algorithm::succeed;
 
@@ -135,13 +135,14 @@ pub(crate) fn prefetch<T>(value: &T) {
     let _ = value;
 }
 
-/// What to do with a newcomer when the shard is full.
+/// Where a newcomer goes.
 pub(crate) enum Room {
-    /// The shard has a free place.
+    /// Where its probe ends (if the shard was full, an entry off its path was evicted, and
+    /// counted).
     Free,
-    /// The entry at this position was evicted (and counted): unindexed, its place is the
-    /// newcomer's (overwritten in place, so no other entry moves).
-    Reused(usize),
+    /// The entry at this place, on the newcomer's own path, was chosen to go (and counted):
+    /// the newcomer takes its place, so nothing else moves.
+    Replace(usize),
     /// The newcomer is refused (admission lost to every sampled entry).
     Refused,
 }
@@ -153,11 +154,9 @@ const SAMPLE: usize = 8;
 const COLD: u64 = 1;
 
 pub(crate) struct Shard<K, A: Algorithm> {
-    index: Index,
-    pub(crate) entries: Vec<Entry<K, A>>,
+    table: Table<Entry<K, A>>,
     sketch: FrequencySketch,
     capacity: usize,
-    hand: usize,
     /// Entries stored so far: a lookup that missed under the read lock need not look again
     /// under the write lock if this has not moved (nothing else can bring a key in).
     pub(crate) inserts: u64,
@@ -169,14 +168,10 @@ pub(crate) struct Shard<K, A: Algorithm> {
 
 impl<K, A: Algorithm> Shard<K, A> {
     pub(crate) fn new(capacity: usize) -> Self {
-        // The index holds positions in 20 bits (the builder adds shards for more).
-        let capacity = capacity.min(MAX_ENTRIES);
         Self {
-            index: Index::default(),
-            entries: Vec::new(),
+            table: Table::new(capacity),
             sketch: FrequencySketch::new(capacity),
             capacity,
-            hand: 0,
             inserts: 0,
             evicted_idle: 0,
             evicted_frequency: 0,
@@ -184,27 +179,57 @@ impl<K, A: Algorithm> Shard<K, A> {
         }
     }
 
+    /// The place of the entry of `key`, if held: valid until the shard next changes.
+    #[inline(always)]
     pub(crate) fn find<Q>(&self, hash: u64, key: &Q) -> Option<usize>
     where
         K: std::borrow::Borrow<Q>,
         Q: Eq + ?Sized,
     {
-        let entries = &self.entries;
-        self.index.find(hash, |i| entries[i].key.borrow() == key)
+        self.table.find(hash, |entry| entry.key.borrow() == key)
+    }
+
+    /// The entry of `key`, if held.
+    #[inline(always)]
+    pub(crate) fn get<Q>(&self, hash: u64, key: &Q) -> Option<&Entry<K, A>>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        self.find(hash, key).and_then(|at| self.table.get(at))
+    }
+
+    /// The entry of `key`, if held, to change.
+    #[inline]
+    pub(crate) fn get_mut<Q>(&mut self, hash: u64, key: &Q) -> Option<&mut Entry<K, A>>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        let at = self.find(hash, key)?;
+        self.table.get_mut(at)
+    }
+
+    /// Entries held.
+    pub(crate) fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn entries(&self) -> impl Iterator<Item = &Entry<K, A>> {
+        self.table.iter()
+    }
+
+    pub(crate) fn entries_mut(&mut self) -> impl Iterator<Item = &mut Entry<K, A>> {
+        self.table.iter_mut()
     }
 
     /// Starts loading what making room for a newcomer with hash `hash` reads first (its
-    /// sketch block; the next eviction sample if the shard is full), so those cache misses
-    /// overlap the way from a missed lookup to the write lock.
+    /// sketch block, its place in the table, where an eviction sample starts), so those cache
+    /// misses overlap the way from a missed lookup to the write lock.
     pub(crate) fn prefetch_room(&self, hash: u64) {
         self.sketch.prefetch(hash);
-        if self.entries.len() >= self.capacity {
-            let start = self.hand.min(self.entries.len());
-            let end = (start + SAMPLE).min(self.entries.len());
-            for entry in &self.entries[start..end] {
-                prefetch(entry);
-            }
-        }
+        self.table.prefetch(hash);
     }
 
     /// Makes room for a newcomer with hash `hash`, evicting per the policy if full.
@@ -217,19 +242,25 @@ impl<K, A: Algorithm> Shard<K, A> {
         hash_of: impl Fn(&K) -> u64,
     ) -> Room {
         let newcomer = u64::from(self.sketch.record(hash));
-        if self.entries.len() < self.capacity {
+        if !self.is_full() {
             return Room::Free;
         }
-        let len = self.entries.len();
-        let sample = SAMPLE.min(len);
-        // The hand steps round the entries one at a time, wrapping by a comparison (a
-        // division here cost more than the rest of the sample).
-        let next = |i: usize| if i + 1 == len { 0 } else { i + 1 };
-        let start = self.hand.min(len - 1);
-        let mut victim = None::<(usize, u64)>;
-        let mut i = start;
-        for _ in 0..sample {
-            let entry = &self.entries[i];
+        // The sample: the entries from the newcomer's own place on. A random place, as the
+        // hash is; the one the newcomer's insert reads anyway; and an entry before the first
+        // empty place is on the newcomer's path, so the newcomer can take its place outright.
+        // (A hand sweeping round the table made each eviction's hole pull the run behind it
+        // back past the hand, which then skipped those entries: they outlived their turn,
+        // piled up in long runs, and an eviction shifted thousands.)
+        let mut sample = [0usize; SAMPLE];
+        let mut taken = 0;
+        let mut victim = None::<(usize, bool, u64)>;
+        let mut idle = None;
+        for (place, on_path) in self.table.held_from(hash).take(SAMPLE) {
+            let Some(entry) = self.table.get(place) else {
+                continue;
+            };
+            sample[taken] = place;
+            taken += 1;
             let frequency = entry.frequency();
             // An idle entry's state says nothing, but a key in use still carries its fetched
             // quota (evicted, it would start over on the failsafe quota): only an idle entry
@@ -238,89 +269,77 @@ impl<K, A: Algorithm> Shard<K, A> {
             // keys inflates it.)
             let since = entry.since_epoch(now).min(entry.limit.horizon);
             if frequency <= COLD && algorithm.is_idle(&entry.limit.params, &entry.state, since) {
-                self.hand = next(i);
-                self.unindex(i, &hash_of);
-                self.evicted_idle += 1;
-                return Room::Reused(i);
+                idle = Some((place, on_path));
+                break;
             }
-            if victim.is_none_or(|(_, f)| frequency < f) {
-                victim = Some((i, frequency));
+            if victim.is_none_or(|(_, _, f)| frequency < f) {
+                victim = Some((place, on_path, frequency));
             }
-            i = next(i);
         }
-        self.hand = i;
-        let Some((i, frequency)) = victim else {
+        if let Some((place, on_path)) = idle {
+            self.evicted_idle += 1;
+            return self.evict(place, on_path, &hash_of);
+        }
+        let Some((place, on_path, frequency)) = victim else {
             self.refused += 1;
             return Room::Refused;
         };
         if newcomer <= frequency {
             // Survivors of a sample age, so a once-hot key can leave in time.
-            let mut i = start;
-            for _ in 0..sample {
-                self.entries[i].age();
-                i = next(i);
+            for &place in &sample[..taken] {
+                if let Some(entry) = self.table.get(place) {
+                    entry.age();
+                }
             }
             self.refused += 1;
             return Room::Refused;
         }
-        self.unindex(i, &hash_of);
         self.evicted_frequency += 1;
-        Room::Reused(i)
+        self.evict(place, on_path, &hash_of)
+    }
+
+    /// Evicts the entry at `place`: left for the newcomer to overwrite if it lies on the
+    /// newcomer's path, else removed.
+    fn evict(&mut self, place: usize, on_path: bool, hash_of: &impl Fn(&K) -> u64) -> Room {
+        if on_path {
+            return Room::Replace(place);
+        }
+        drop(self.table.remove(place, |e| hash_of(&e.key)));
+        Room::Free
     }
 
     /// Whether the shard holds as many entries as it may.
     pub(crate) fn is_full(&self) -> bool {
-        self.entries.len() >= self.capacity
+        self.len() >= self.capacity
     }
 
-    /// Stores `entry` where `room` says (in a reused place, or at the end) and indexes it.
+    /// Stores `entry` where `room` says (the caller made room) and returns it where it now
+    /// lies.
     #[inline]
     pub(crate) fn insert(
         &mut self,
-        room: Option<usize>,
+        room: Room,
         hash: u64,
         entry: Entry<K, A>,
         hash_of: impl Fn(&K) -> u64,
-    ) -> usize
+    ) -> &Entry<K, A>
     where
         K: Eq,
     {
         // The slow path skips its second lookup on the `inserts` count: a key stored twice
         // would mean that count missed a way in.
         debug_assert!(self.find(hash, &entry.key).is_none(), "a key is stored once");
-        let i = match room {
-            Some(i) => {
-                self.entries[i] = entry;
-                i
-            }
-            None => {
-                if self.entries.len() == self.entries.capacity() {
-                    // Grow by a quarter, not double: the vector is most of the memory.
-                    let extra = (self.entries.len() / 4)
-                        .max(16)
-                        .min(self.capacity - self.entries.len().min(self.capacity));
-                    self.entries.reserve_exact(extra.max(1));
-                }
-                self.entries.push(entry);
-                self.entries.len() - 1
-            }
-        };
-        let entries = &self.entries;
-        self.index.insert(hash, i, |j| hash_of(&entries[j].key));
         self.inserts += 1;
-        i
-    }
-
-    /// Drops the index's pointer to the entry at `i`; the entry stays until overwritten.
-    fn unindex(&mut self, i: usize, hash_of: &impl Fn(&K) -> u64) {
-        let hash = hash_of(&self.entries[i].key);
-        let entries = &self.entries;
-        self.index.remove(hash, i, |j| hash_of(&entries[j].key));
+        match room {
+            Room::Replace(place) => self.table.replace(place, hash, entry),
+            Room::Free | Room::Refused => {
+                debug_assert!(self.len() < self.capacity, "room was made");
+                self.table.insert(hash, entry, |e| hash_of(&e.key))
+            }
+        }
     }
 
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.entries.capacity() * size_of::<Entry<K, A>>()
-            + self.index.heap_bytes()
-            + self.sketch.heap_bytes()
+        self.table.heap_bytes() + self.sketch.heap_bytes()
     }
 }
