@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use common::{Case, Side, SluiceCase, Step, GovernorCase, SipHash};
+use common::{Case, GovernorCase, Side, SipHash, SluiceCase, Step};
 use sluice::{Clock, ManualClock, MonotonicClock};
 
 #[derive(Clone)]
@@ -20,7 +20,10 @@ impl Step for RdtscZero {}
 #[derive(Clone)]
 struct Ticking(Arc<AtomicU64>);
 fn step() -> u64 {
-    std::env::var("STEP").ok().and_then(|s| s.parse().ok()).unwrap_or(300)
+    std::env::var("STEP")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(300)
 }
 static STEP_N: std::sync::LazyLock<u64> = std::sync::LazyLock::new(step);
 impl Clock for Ticking {
@@ -69,7 +72,10 @@ impl Clock for Offset {
 impl Step for Offset {}
 
 #[derive(Clone)]
-struct ScaledLocal { anchor: u64, per_tick: u64 }
+struct ScaledLocal {
+    anchor: u64,
+    per_tick: u64,
+}
 impl Clock for ScaledLocal {
     fn now(&self) -> u64 {
         let t = unsafe { std::arch::x86_64::_rdtsc() };
@@ -97,7 +103,10 @@ impl Clock for TscHalf {
 }
 impl Step for TscHalf {}
 
-static PLAIN: ScaledLocal = ScaledLocal { anchor: 0, per_tick: 1 << 31 };
+static PLAIN: ScaledLocal = ScaledLocal {
+    anchor: 0,
+    per_tick: 1 << 31,
+};
 static ONCE: std::sync::OnceLock<ScaledLocal> = std::sync::OnceLock::new();
 
 #[derive(Clone)]
@@ -132,7 +141,11 @@ impl Clock for RelaxedStatic {
         if per == 0 {
             return 0;
         }
-        ScaledLocal { anchor: R_ANCHOR.load(Ordering::Relaxed), per_tick: per }.now()
+        ScaledLocal {
+            anchor: R_ANCHOR.load(Ordering::Relaxed),
+            per_tick: per,
+        }
+        .now()
     }
 }
 impl Step for RelaxedStatic {}
@@ -145,12 +158,17 @@ impl Clock for AcquireStatic {
         if per == 0 {
             return 0;
         }
-        ScaledLocal { anchor: R_ANCHOR.load(Ordering::Relaxed), per_tick: per }.now()
+        ScaledLocal {
+            anchor: R_ANCHOR.load(Ordering::Relaxed),
+            per_tick: per,
+        }
+        .now()
     }
 }
 impl Step for AcquireStatic {}
 
-static LEAKED: std::sync::atomic::AtomicPtr<ScaledLocal> = std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+static LEAKED: std::sync::atomic::AtomicPtr<ScaledLocal> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
 
 #[derive(Clone)]
 struct LeakedHeap;
@@ -197,17 +215,53 @@ fn main() {
         match which.as_str() {
             "mono" => sides.push(("monotonic", Box::new(SluiceCase::new(case, MonotonicClock)))),
             "leaked" => {
-                LEAKED.store(Box::into_raw(Box::new(ScaledLocal { anchor: unsafe { std::arch::x86_64::_rdtsc() }, per_tick: 1 << 31 })), Ordering::Relaxed);
+                LEAKED.store(
+                    Box::into_raw(Box::new(ScaledLocal {
+                        anchor: unsafe { std::arch::x86_64::_rdtsc() },
+                        per_tick: 1 << 31,
+                    })),
+                    Ordering::Relaxed,
+                );
                 sides.push(("leaked", Box::new(SluiceCase::new(case, LeakedHeap))))
             }
-            "heap" => sides.push(("heap", Box::new(SluiceCase::new(case, HeapScaled(Arc::new(ScaledLocal { anchor: unsafe { std::arch::x86_64::_rdtsc() }, per_tick: 1 << 31 })))))),
+            "heap" => sides.push((
+                "heap",
+                Box::new(SluiceCase::new(
+                    case,
+                    HeapScaled(Arc::new(ScaledLocal {
+                        anchor: unsafe { std::arch::x86_64::_rdtsc() },
+                        per_tick: 1 << 31,
+                    })),
+                )),
+            )),
             "plain" => sides.push(("plain", Box::new(SluiceCase::new(case, PlainStatic)))),
-            "local" => sides.push(("local", Box::new(SluiceCase::new(case, ScaledLocal { anchor: unsafe { std::arch::x86_64::_rdtsc() }, per_tick: 1 << 31 })))),
-            "tick" => sides.push(("tick", Box::new(SluiceCase::new(case, Ticking(Arc::new(AtomicU64::new(0))))))),
+            "local" => sides.push((
+                "local",
+                Box::new(SluiceCase::new(
+                    case,
+                    ScaledLocal {
+                        anchor: unsafe { std::arch::x86_64::_rdtsc() },
+                        per_tick: 1 << 31,
+                    },
+                )),
+            )),
+            "tick" => sides.push((
+                "tick",
+                Box::new(SluiceCase::new(case, Ticking(Arc::new(AtomicU64::new(0))))),
+            )),
             "rawtsc" => sides.push(("rawtsc", Box::new(SluiceCase::new(case, RawTsc)))),
             "zero" => sides.push(("zero", Box::new(SluiceCase::new(case, RdtscZero)))),
-            "lfence" => sides.push(("lfence", Box::new(SluiceCase::new(case, FencedManual(ManualClock::new(0)))))),
-            "gov" => sides.push(("gov_fake", Box::new(GovernorCase::<_, SipHash>::new(case, governor::clock::FakeRelativeClock::default())))),
+            "lfence" => sides.push((
+                "lfence",
+                Box::new(SluiceCase::new(case, FencedManual(ManualClock::new(0)))),
+            )),
+            "gov" => sides.push((
+                "gov_fake",
+                Box::new(GovernorCase::<_, SipHash>::new(
+                    case,
+                    governor::clock::FakeRelativeClock::default(),
+                )),
+            )),
             _ => sides.push(("manual", Box::new(SluiceCase::new(case, ManualClock::new(0))))),
         }
     }

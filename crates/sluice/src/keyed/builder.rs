@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use super::book::QuotaBook;
 use super::fetch::{ErrorHook, Slots, Spawner, Task};
-use super::table::MAX_ENTRIES;
 use super::lock::StripedRwLock;
 use super::metrics::Counters;
 use super::pool::Pool;
 use super::shard::{Shard, meta};
+use super::table::MAX_ENTRIES;
 use super::{FetchError, Inner, KeyedLimiter, QuotaSource, StaticQuotas};
 use crate::{Algorithm, Clock, MonotonicClock, Quota, QuotaError};
 

@@ -396,7 +396,9 @@ where
         }
         let hash = self.hasher.hash_one(key);
         let mut guard = self.shard(hash).write();
-        let Some(entry) = guard.get_mut(hash, key) else { return };
+        let Some(entry) = guard.get_mut(hash, key) else {
+            return;
+        };
         let mut known = 0;
         if let Ok(limit) = resolved {
             known = meta::KNOWN;

@@ -135,6 +135,20 @@ pub(crate) fn prefetch<T>(value: &T) {
     let _ = value;
 }
 
+/// [`prefetch`] of every cache line `value` touches (an entry may straddle two).
+#[inline]
+pub(crate) fn prefetch_all<T>(value: &T) {
+    prefetch(value);
+    #[cfg(target_arch = "x86_64")]
+    if size_of::<T>() > 1 {
+        let last = std::ptr::from_ref(value)
+            .cast::<i8>()
+            .wrapping_add(size_of::<T>() - 1);
+        // SAFETY: as in `prefetch`; the address is computed, never dereferenced.
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(last) };
+    }
+}
+
 /// Where a newcomer goes.
 pub(crate) enum Room {
     /// Where its probe ends (if the shard was full, an entry off its path was evicted, and
@@ -196,7 +210,7 @@ impl<K, A: Algorithm> Shard<K, A> {
         K: std::borrow::Borrow<Q>,
         Q: Eq + ?Sized,
     {
-        self.find(hash, key).and_then(|at| self.table.get(at))
+        self.table.lookup(hash, |entry| entry.key.borrow() == key)
     }
 
     /// The entry of `key`, if held, to change.

@@ -18,7 +18,7 @@
 //! multiply-shift; tags from its low bits. Probes read the control bytes eight at a time, as
 //! one word (the first eight are repeated after the last, so a word may run past the end).
 
-use super::shard::prefetch;
+use super::shard::{prefetch, prefetch_all};
 
 /// The most entries one shard's table holds: a growing table is rebuilt under its shard's
 /// write lock, so a larger capacity takes more shards rather than longer pauses.
@@ -58,7 +58,11 @@ fn first_byte(mask: u64) -> usize {
 /// The bytes of `mask` below byte `n` (all of them for `n` of 8).
 #[inline]
 fn below(mask: u64, n: usize) -> u64 {
-    if n >= GROUP { mask } else { mask & ((1u64 << (n * 8)) - 1) }
+    if n >= GROUP {
+        mask
+    } else {
+        mask & ((1u64 << (n * 8)) - 1)
+    }
 }
 
 pub(crate) struct Table<E> {
@@ -138,37 +142,65 @@ impl<E> Table<E> {
 
     #[inline]
     fn next(&self, slot: usize) -> usize {
-        if slot + 1 == self.slot_count() { 0 } else { slot + 1 }
+        if slot + 1 == self.slot_count() {
+            0
+        } else {
+            slot + 1
+        }
     }
 
     /// `to - from`, counted forward round the table.
     #[inline]
     fn gap(&self, from: usize, to: usize) -> usize {
-        if to >= from { to - from } else { to + self.slot_count() - from }
+        if to >= from {
+            to - from
+        } else {
+            to + self.slot_count() - from
+        }
     }
 
     /// The place of the entry with this hash for which `is_it` holds.
     #[inline(always)]
-    pub(crate) fn find(&self, hash: u64, mut is_it: impl FnMut(&E) -> bool) -> Option<usize> {
+    pub(crate) fn find(&self, hash: u64, is_it: impl FnMut(&E) -> bool) -> Option<usize> {
+        self.probe(hash, is_it).map(|(slot, _)| slot)
+    }
+
+    /// The entry with this hash for which `is_it` holds.
+    #[inline(always)]
+    pub(crate) fn lookup(&self, hash: u64, is_it: impl FnMut(&E) -> bool) -> Option<&E> {
+        self.probe(hash, is_it).map(|(_, entry)| entry)
+    }
+
+    #[inline(always)]
+    fn probe(&self, hash: u64, mut is_it: impl FnMut(&E) -> bool) -> Option<(usize, &E)> {
         if self.len == 0 {
             return None;
         }
         let mut slot = self.home(hash);
-        // The entry most likely sits at home: its read starts beside the control byte's.
-        prefetch(&self.slots[slot]);
-        let wanted = LOW_BITS * u64::from(OCCUPIED | (hash as u8 & TAG));
+        // The entry most likely sits at home: its read starts beside the control byte's, and
+        // is looked at before any word of control bytes is.
+        prefetch_all(&self.slots[slot]);
+        let tag = OCCUPIED | (hash as u8 & TAG);
+        if self.ctrl[slot] & (OCCUPIED | TAG) == tag
+            && let Some(entry) = &self.slots[slot]
+            && is_it(entry)
+        {
+            return Some((slot, entry));
+        }
+        let wanted = LOW_BITS * u64::from(tag);
         loop {
             let group = self.group(slot);
             let empties = zero_bytes(group);
             // Every bit below the first empty place's (all of them if none).
             let before_empty = (empties & empties.wrapping_neg()).wrapping_sub(1);
-            let mut matches = zero_bytes((group & (LOW_BITS * u64::from(OCCUPIED | TAG))) ^ wanted) & before_empty;
+            let mut matches =
+                zero_bytes((group & (LOW_BITS * u64::from(OCCUPIED | TAG))) ^ wanted) & before_empty;
             while matches != 0 {
                 let at = self.ahead(slot, first_byte(matches));
                 if let Some(entry) = &self.slots[at]
                     && is_it(entry)
                 {
-                    return Some(at);
+                    return Some((at, entry));
                 }
                 matches &= matches - 1;
             }
@@ -195,7 +227,7 @@ impl<E> Table<E> {
         if self.len > 0 {
             let home = self.home(hash);
             prefetch(&self.ctrl[home]);
-            prefetch(&self.slots[home]);
+            prefetch_all(&self.slots[home]);
         }
     }
 
@@ -355,7 +387,10 @@ impl<E> Iterator for HeldFrom<'_, E> {
             if self.held != 0 {
                 let byte = first_byte(self.held);
                 self.held &= self.held - 1;
-                return Some((self.table.ahead(self.base, byte), self.on_path && byte < self.first_empty));
+                return Some((
+                    self.table.ahead(self.base, byte),
+                    self.on_path && byte < self.first_empty,
+                ));
             }
             if self.left == 0 {
                 return None;
@@ -441,11 +476,16 @@ mod tests {
                         assert_eq!(said, on_path, "place {place} on the path");
                         at = table.next(at);
                     }
-                    let on_path: Vec<usize> =
-                        sample.iter().filter(|(_, on)| *on).map(|(place, _)| *place).collect();
+                    let on_path: Vec<usize> = sample
+                        .iter()
+                        .filter(|(_, on)| *on)
+                        .map(|(place, _)| *place)
+                        .collect();
                     if !on_path.is_empty() {
                         let place = on_path[(state >> 8) as usize % on_path.len()];
-                        let Some(&old) = table.get(place) else { unreachable!() };
+                        let Some(&old) = table.get(place) else {
+                            unreachable!()
+                        };
                         assert_eq!(*table.replace(place, hash, key), key);
                         model.remove(&old);
                         model.insert(key, 0);
@@ -481,9 +521,16 @@ mod tests {
                 table.insert(hash, key, |k| k.wrapping_mul(0x9E37_79B9_7F4A_7C15));
             }
             assert_eq!(table.len(), capacity);
-            assert!(table.slot_count() <= (capacity * 5).div_ceil(4).max(capacity + 2).max(GROUP), "{capacity}");
+            assert!(
+                table.slot_count() <= (capacity * 5).div_ceil(4).max(capacity + 2).max(GROUP),
+                "{capacity}"
+            );
             for key in 0..capacity as u64 {
-                assert!(table.find(key.wrapping_mul(0x9E37_79B9_7F4A_7C15), |k| *k == key).is_some());
+                assert!(
+                    table
+                        .find(key.wrapping_mul(0x9E37_79B9_7F4A_7C15), |k| *k == key)
+                        .is_some()
+                );
             }
         }
     }
