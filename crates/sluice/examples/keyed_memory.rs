@@ -114,6 +114,15 @@ struct EntryCost {
     evicted: u64,
     bytes_per_entry: f64,
     heap_bytes_per_entry: f64,
+    /// The process's memory on transparent huge pages with the limiter full (Linux).
+    huge_pages_kib: Option<u64>,
+}
+
+/// `AnonHugePages` of this process, from `/proc/self/smaps_rollup` (Linux only).
+fn huge_pages_kib() -> Option<u64> {
+    let rollup = std::fs::read_to_string("/proc/self/smaps_rollup").ok()?;
+    let line = rollup.lines().find(|line| line.starts_with("AnonHugePages:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Stores [`KEYS`] keys of [`KEY_LEN`] bytes in a limiter keyed by `K` and measures an entry.
@@ -143,6 +152,7 @@ where
         evicted: metrics.evicted_idle + metrics.evicted_frequency,
         bytes_per_entry: beyond_keys / entries as f64,
         heap_bytes_per_entry: limiter.heap_bytes() as f64 / entries as f64,
+        huge_pages_kib: huge_pages_kib(),
     };
     drop(limiter);
     Ok(cost)
@@ -150,8 +160,14 @@ where
 
 fn print_entry_cost(label: &str, size_of_key: usize, cost: &EntryCost) {
     println!(
-        "  {label:<9} (key inline {size_of_key:>2} B): bytes_per_entry: {:.1}   heap_bytes()/entries: {:.1}   entries: {} (refused {}, evicted {})",
-        cost.bytes_per_entry, cost.heap_bytes_per_entry, cost.entries, cost.refused, cost.evicted,
+        "  {label:<9} (key inline {size_of_key:>2} B): bytes_per_entry: {:.1}   heap_bytes()/entries: {:.1}   entries: {} (refused {}, evicted {})   on huge pages: {}",
+        cost.bytes_per_entry,
+        cost.heap_bytes_per_entry,
+        cost.entries,
+        cost.refused,
+        cost.evicted,
+        cost.huge_pages_kib
+            .map_or("unknown".to_string(), |kib| format!("{kib} KiB")),
     );
 }
 

@@ -20,7 +20,7 @@
 //! The files: `builder.rs` (settings), `book.rs` (compiled quotas), `check.rs` (the two check
 //! paths), `fetch.rs` (quota fetches) and `timer.rs` (their deadlines), `pool.rs` (the failsafe
 //! pool), `migrate.rs` (moving held keys into a limiter built with other settings),
-//! `refund.rs` (takes and refunds for chains), `shard.rs`, `table.rs`, `lock.rs` and
+//! `refund.rs` (takes and refunds for chains), `shard.rs`, `table.rs`, `pages.rs`, `lock.rs` and
 //! `sketch.rs` (the store), `metrics.rs`, `source.rs`.
 
 mod book;
@@ -30,6 +30,7 @@ mod fetch;
 mod lock;
 mod metrics;
 mod migrate;
+mod pages;
 mod pool;
 mod refund;
 mod shard;

@@ -18,6 +18,7 @@
 //! multiply-shift; tags from its low bits. Probes read the control bytes eight at a time, as
 //! one word (the first eight are repeated after the last, so a word may run past the end).
 
+use super::pages::Slots;
 use super::shard::{prefetch, prefetch_all};
 
 /// The most entries one shard's table holds: a growing table is rebuilt under its shard's
@@ -68,7 +69,7 @@ fn below(mask: u64, n: usize) -> u64 {
 pub(crate) struct Table<E> {
     /// One byte per slot, then the first [`GROUP`] again.
     ctrl: Box<[u8]>,
-    slots: Box<[Option<E>]>,
+    slots: Slots<Option<E>>,
     len: usize,
     /// The most slots the table grows to: enough for its capacity at [`MAX_LOAD`].
     max_slots: usize,
@@ -95,7 +96,7 @@ impl<E> Table<E> {
         let (num, den) = MAX_LOAD;
         Self {
             ctrl: Box::default(),
-            slots: Box::default(),
+            slots: Slots::default(),
             len: 0,
             max_slots: capacity.saturating_mul(den).div_ceil(num).max(capacity + 1),
         }
@@ -269,8 +270,8 @@ impl<E> Table<E> {
             .min(self.max_slots.max(self.len + 2))
             .max(GROUP);
         self.ctrl = vec![EMPTY; size + GROUP].into_boxed_slice();
-        let old = std::mem::replace(&mut self.slots, (0..size).map(|_| None).collect());
-        for entry in old.into_vec().into_iter().flatten() {
+        let mut old = std::mem::replace(&mut self.slots, Slots::new(size));
+        for entry in old.iter_mut().filter_map(Option::take) {
             self.place(hash_of(&entry), entry);
         }
     }
