@@ -138,13 +138,8 @@ mod tests {
     static DROPPED: AtomicUsize = AtomicUsize::new(0);
 
     /// Counts its drops.
+    #[derive(Default)]
     struct Counted(Option<u64>);
-
-    impl Default for Counted {
-        fn default() -> Self {
-            Counted(None)
-        }
-    }
 
     impl Drop for Counted {
         fn drop(&mut self) {
