@@ -271,11 +271,8 @@ impl<K, A: Algorithm, S, C> Inner<K, A, S, C> {
     pub(crate) fn shard_index(&self, hash: u64) -> usize {
         // Shard by a remix of the hash: the table inside uses the hash's own low and top bits.
         let mixed = hash.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        if self.shard_bits == 0 {
-            0
-        } else {
-            (mixed >> (64 - self.shard_bits)) as usize
-        }
+        // The top `shard_bits` bits, in two shifts so that none is by 64 (one shard: 0).
+        ((mixed >> 1) >> (63 - self.shard_bits)) as usize
     }
 }
 

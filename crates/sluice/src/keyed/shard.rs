@@ -255,7 +255,6 @@ impl<K, A: Algorithm> Shard<K, A> {
         now: u64,
         hash_of: impl Fn(&K) -> u64,
     ) -> Room {
-        let newcomer = u64::from(self.sketch.record(hash));
         if !self.is_full() {
             return Room::Free;
         }
@@ -298,6 +297,10 @@ impl<K, A: Algorithm> Shard<K, A> {
             self.refused += 1;
             return Room::Refused;
         };
+        // Sightings count only where a newcomer contests a place: one that takes an idle
+        // entry's, or a free one, is let in whatever its history (and a flood of one-shot keys
+        // through idle places leaves no counts to contest with later).
+        let newcomer = u64::from(self.sketch.record(hash));
         if newcomer <= frequency {
             // Survivors of a sample age, so a once-hot key can leave in time.
             for &place in &sample[..taken] {
