@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use super::book::LimitRef;
 use super::shard::{Entry, Room, meta};
-use super::{Inner, KeyedLimiter, QuotaSource};
+use super::{Inner, KeyedLimiter, QuotaSource, ShardLock};
 use crate::chain::Receipt;
 use crate::limiter::decide;
 use crate::{Algorithm, CheckError, Clock, Decision};
@@ -50,24 +50,32 @@ where
         Q::Owned: Into<K>,
     {
         let hash = self.inner.hasher.hash_one(key);
-        match self.check_present(hash, key, cost) {
+        // Found once: every path below works in this shard.
+        let shard = self.inner.shard(hash);
+        match self.check_present(shard, hash, key, cost) {
             Ok(checked) => answer(checked),
-            Err(Miss::Pooled) => answer(self.check_pooled(hash, key, cost)),
-            Err(miss) => answer(self.check_slow(hash, key.to_owned().into(), cost, miss)),
+            Err(Miss::Pooled) => answer(self.check_pooled(shard, hash, key, cost)),
+            Err(miss) => answer(self.check_slow(shard, hash, key.to_owned().into(), cost, miss)),
         }
     }
 
     /// The check of a key already stored, under the shard's read lock; else why the slow path
     /// must take it.
     #[inline(always)]
-    fn check_present<Q>(&self, hash: u64, key: &Q, cost: u64) -> Result<Checked<A>, Miss>
+    fn check_present<Q>(
+        &self,
+        shard: &ShardLock<K, A>,
+        hash: u64,
+        key: &Q,
+        cost: u64,
+    ) -> Result<Checked<A>, Miss>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned + ?Sized,
         Q::Owned: Into<K>,
     {
         let inner = &*self.inner;
-        let guard = inner.shard(hash).read();
+        let guard = shard.read();
         let Some(entry) = guard.get(hash, key) else {
             // A new key: what the slow path will need is loaded on the way there.
             guard.prefetch_room(hash);
@@ -115,20 +123,20 @@ where
     /// gone, or past its horizon, it takes the slow path.
     #[cold]
     #[inline(never)]
-    fn check_pooled<Q>(&self, hash: u64, key: &Q, cost: u64) -> Checked<A>
+    fn check_pooled<Q>(&self, shard: &ShardLock<K, A>, hash: u64, key: &Q, cost: u64) -> Checked<A>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned + ?Sized,
         Q::Owned: Into<K>,
     {
         let inner = &*self.inner;
-        let guard = inner.shard(hash).read();
+        let guard = shard.read();
         let Some(entry) = guard.get(hash, key) else {
             let miss = Miss::Absent {
                 inserts: guard.inserts,
             };
             drop(guard);
-            return self.check_slow(hash, key.to_owned().into(), cost, miss);
+            return self.check_slow(shard, hash, key.to_owned().into(), cost, miss);
         };
         let now = inner.clock.now();
         let since = entry.since_epoch(now);
@@ -155,7 +163,7 @@ where
         };
         let Some(checked) = checked else {
             drop(guard);
-            return self.check_slow(hash, key.to_owned().into(), cost, Miss::Stale);
+            return self.check_slow(shard, hash, key.to_owned().into(), cost, Miss::Stale);
         };
         let seen = entry.touch();
         let refresh = inner.claim_refresh(entry, seen, now);
@@ -168,10 +176,10 @@ where
 
     /// Inserts the key, moves its epoch or finds it inserted meanwhile: under the write lock.
     #[cold]
-    fn check_slow(&self, hash: u64, key: K, cost: u64, miss: Miss) -> Checked<A> {
+    fn check_slow(&self, shard: &ShardLock<K, A>, hash: u64, key: K, cost: u64, miss: Miss) -> Checked<A> {
         let inner = &*self.inner;
         let mut now = inner.clock.now();
-        let mut guard = inner.shard(hash).write();
+        let mut guard = shard.write();
         // Only an insert can bring the key in: with none since the miss, it is still absent.
         let unchanged = matches!(miss, Miss::Absent { inserts } if inserts == guard.inserts);
         if !unchanged && let Some(entry) = guard.get_mut(hash, &key) {
@@ -183,7 +191,7 @@ where
             let inserts = guard.inserts;
             drop(guard);
             let fetched = inner.first_fetch(source, &key, now);
-            guard = inner.shard(hash).write();
+            guard = shard.write();
             now = inner.clock.now();
             if guard.inserts != inserts
                 && let Some(entry) = guard.get_mut(hash, &key)

@@ -115,10 +115,13 @@ impl<K, A: Algorithm, S, C> fmt::Debug for KeyedLimiter<K, A, S, C> {
     }
 }
 
+/// One shard behind its lock.
+pub(crate) type ShardLock<K, A> = StripedRwLock<Shard<K, A>>;
+
 pub(crate) struct Inner<K, A: Algorithm, S, C> {
     pub(crate) algorithm: A,
     pub(crate) clock: C,
-    pub(crate) shards: Box<[StripedRwLock<Shard<K, A>>]>,
+    pub(crate) shards: Box<[ShardLock<K, A>]>,
     pub(crate) shard_bits: u32,
     pub(crate) hasher: foldhash::fast::RandomState,
     /// Every quota compiled so far, shared by the keys that have it; entries point into it.
@@ -262,7 +265,7 @@ where
 
 impl<K, A: Algorithm, S, C> Inner<K, A, S, C> {
     #[inline]
-    pub(crate) fn shard(&self, hash: u64) -> &StripedRwLock<Shard<K, A>> {
+    pub(crate) fn shard(&self, hash: u64) -> &ShardLock<K, A> {
         &self.shards[self.shard_index(hash)]
     }
 

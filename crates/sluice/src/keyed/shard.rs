@@ -264,16 +264,12 @@ impl<K, A: Algorithm> Shard<K, A> {
         // (A hand sweeping round the table made each eviction's hole pull the run behind it
         // back past the hand, which then skipped those entries: they outlived their turn,
         // piled up in long runs, and an eviction shifted thousands.)
-        let mut sample = [0usize; SAMPLE];
-        let mut taken = 0;
         let mut victim = None::<(usize, bool, u64)>;
         let mut idle = None;
         for (place, on_path) in self.table.held_from(hash).take(SAMPLE) {
             let Some(entry) = self.table.get(place) else {
                 continue;
             };
-            sample[taken] = place;
-            taken += 1;
             let frequency = entry.frequency();
             // An idle entry's state says nothing, but a key in use still carries its fetched
             // quota (evicted, it would start over on the failsafe quota): only an idle entry
@@ -303,7 +299,7 @@ impl<K, A: Algorithm> Shard<K, A> {
         let newcomer = u64::from(self.sketch.record(hash));
         if newcomer <= frequency {
             // Survivors of a sample age, so a once-hot key can leave in time.
-            for &place in &sample[..taken] {
+            for (place, _) in self.table.held_from(hash).take(SAMPLE) {
                 if let Some(entry) = self.table.get(place) {
                     entry.age();
                 }

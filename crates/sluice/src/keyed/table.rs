@@ -56,14 +56,10 @@ fn first_byte(mask: u64) -> usize {
     mask.trailing_zeros() as usize / 8
 }
 
-/// The bytes of `mask` below byte `n` (all of them for `n` of 8).
+/// The bytes of `mask` below byte `n`, for `n` from 1 to 8.
 #[inline]
 fn below(mask: u64, n: usize) -> u64 {
-    if n >= GROUP {
-        mask
-    } else {
-        mask & ((1u64 << (n * 8)) - 1)
-    }
+    mask & (u64::MAX >> (64 - 8 * n))
 }
 
 pub(crate) struct Table<E> {
