@@ -90,11 +90,13 @@ impl ManualClock {
     }
 
     /// Moves the clock forward, saturating at `u64::MAX`.
+    #[inline]
     pub fn advance(&self, by: Duration) {
         self.advance_nanos(saturating_nanos(by));
     }
 
     /// Moves the clock forward by `by` nanoseconds, saturating at `u64::MAX`.
+    #[inline]
     pub fn advance_nanos(&self, by: u64) {
         let _ = self.nanos.fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
             Some(t.saturating_add(by))
