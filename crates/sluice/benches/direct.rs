@@ -24,24 +24,22 @@
 //!
 //! Before measuring, every case is run 1000 times and asserted to decide as its name says.
 
-use std::num::{NonZeroU32, NonZeroU64};
+mod direct_cases;
+
 use std::time::{Duration, Instant};
 
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, BenchmarkId, Criterion, black_box, criterion_group, criterion_main};
+use direct_cases::{
+    INTERVAL, RATE, governor_admitted, governor_exhausted, governor_quota, governor_stepped, sluice_admitted,
+    sluice_exhausted, sluice_quota, sluice_stepped,
+};
 use governor::clock::{Clock as _, DefaultClock, FakeRelativeClock};
 use sluice::{
-    Algorithm, Clock as _, ConcurrencyLimiter, FixedWindow, LeakyBucket, ManualClock, MonotonicClock, Quota,
+    Algorithm, Clock as _, ConcurrencyLimiter, FixedWindow, LeakyBucket, ManualClock, MonotonicClock,
     RateLimiter, SlidingWindowCounter, SlidingWindowLog, TokenBucket,
 };
 
-/// The limit of every manual-clock case: 10/s, burst 10.
-const RATE: u32 = 10;
-/// The burst of the `admitted` cases: governor's largest (a `u32`), far more checks than a run
-/// makes.
-const HUGE_BURST: u32 = u32::MAX;
-/// One emission interval of [`RATE`].
-const INTERVAL: Duration = Duration::from_millis(100);
 /// A rate no benchmark loop can exhaust on a real clock: one unit per nanosecond.
 const FAST_RATE: u32 = 1_000_000_000;
 
@@ -61,54 +59,6 @@ fn bench_check(
     group.bench_function(BenchmarkId::new(condition, who), |b| b.iter(&mut check));
 }
 
-fn sluice_quota(rate: u32) -> Quota {
-    Quota::per_second(NonZeroU64::from(nonzero(rate)))
-}
-
-fn governor_quota(rate: u32) -> governor::Quota {
-    governor::Quota::per_second(nonzero(rate))
-}
-
-fn nonzero(n: u32) -> NonZeroU32 {
-    NonZeroU32::new(n).expect("rates are positive")
-}
-
-/// A sluice check on a manual clock advanced by `step` before each check.
-fn sluice_stepped<A: Algorithm>(algorithm: A, step: Duration) -> impl FnMut() -> bool {
-    let clock = ManualClock::new(0);
-    let limiter = RateLimiter::with_clock(algorithm, sluice_quota(RATE), clock.clone()).expect("valid quota");
-    move || {
-        clock.advance(black_box(step));
-        black_box(black_box(&limiter).check()).is_allowed()
-    }
-}
-
-/// A sluice check of an exhausted limit on a frozen manual clock.
-fn sluice_exhausted<A: Algorithm>(algorithm: A) -> impl FnMut() -> bool {
-    let limiter =
-        RateLimiter::with_clock(algorithm, sluice_quota(RATE), ManualClock::new(0)).expect("valid quota");
-    while limiter.check().is_allowed() {}
-    move || black_box(black_box(&limiter).check()).is_allowed()
-}
-
-/// A governor check on a fake clock advanced by `step` before each check.
-fn governor_stepped(step: Duration) -> impl FnMut() -> bool {
-    let clock = FakeRelativeClock::default();
-    let limiter = governor::RateLimiter::direct_with_clock(governor_quota(RATE), clock.clone());
-    move || {
-        clock.advance(black_box(step));
-        black_box(black_box(&limiter).check()).is_ok()
-    }
-}
-
-/// A governor check of an exhausted limit on a frozen fake clock.
-fn governor_exhausted() -> impl FnMut() -> bool {
-    let limiter =
-        governor::RateLimiter::direct_with_clock(governor_quota(RATE), FakeRelativeClock::default());
-    while limiter.check().is_ok() {}
-    move || black_box(black_box(&limiter).check()).is_ok()
-}
-
 /// `allowed` (the clock advanced by `step` per check) and `denied` for a sluice algorithm.
 fn sluice_cases<A: Algorithm + Copy>(group: &mut Group, algorithm: A, step: Duration) {
     bench_check(group, "allowed", "sluice", true, sluice_stepped(algorithm, step));
@@ -126,18 +76,8 @@ fn token_bucket(c: &mut Criterion) {
     sluice_cases(&mut group, TokenBucket, INTERVAL);
     governor_cases(&mut group);
 
-    let quota = sluice_quota(RATE)
-        .with_capacity(u64::from(HUGE_BURST))
-        .expect("valid burst");
-    let limiter = RateLimiter::with_clock(TokenBucket, quota, ManualClock::new(0)).expect("valid quota");
-    bench_check(&mut group, "admitted", "sluice", true, || {
-        black_box(black_box(&limiter).check()).is_allowed()
-    });
-    let quota = governor_quota(RATE).allow_burst(nonzero(HUGE_BURST));
-    let reference = governor::RateLimiter::direct_with_clock(quota, FakeRelativeClock::default());
-    bench_check(&mut group, "admitted", "governor", true, || {
-        black_box(black_box(&reference).check()).is_ok()
-    });
+    bench_check(&mut group, "admitted", "sluice", true, sluice_admitted());
+    bench_check(&mut group, "admitted", "governor", true, governor_admitted());
     group.finish();
 }
 
