@@ -22,6 +22,7 @@
 //! rounds, default 11). Prints each variant's median ns per check.
 
 mod common;
+mod paired;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -108,16 +109,7 @@ fn fence() {
 }
 
 fn main() {
-    let rounds = match std::env::var("SLUICE_VARIANT_ROUNDS") {
-        Ok(value) => match value.parse::<usize>() {
-            Ok(n) if n > 0 => n,
-            _ => {
-                eprintln!("error: SLUICE_VARIANT_ROUNDS must be a positive integer, got {value:?}");
-                std::process::exit(2);
-            }
-        },
-        Err(_) => DEFAULT_ROUNDS,
-    };
+    let rounds = paired::rounds("SLUICE_VARIANT_ROUNDS", DEFAULT_ROUNDS);
     let case = Case::Random1m;
     let mut sides: Vec<(&str, Box<dyn Side>)> = vec![
         ("manual", Box::new(SluiceCase::new(case, ManualClock::new(0)))),
@@ -145,9 +137,8 @@ fn main() {
         }
     }
     println!("random_1m, {rounds} rounds: median ns per check");
-    for ((name, _), mut times) in sides.iter().zip(times) {
-        times.sort_by(f64::total_cmp);
-        println!("{name:<15} {:>7.1}", times[times.len() / 2]);
+    for ((name, _), times) in sides.iter().zip(times) {
+        println!("{name:<15} {:>7.1}", paired::quartiles(times).0);
     }
 }
 

@@ -11,6 +11,7 @@
 //! ratio's median and quartiles. The cases are in `direct_cases/mod.rs`.
 
 mod direct_cases;
+mod paired;
 
 use std::time::Instant;
 
@@ -27,16 +28,7 @@ const CHECKS_PER_ROUND: u32 = 3_000_000;
 type Check = Box<dyn FnMut() -> bool>;
 
 fn main() {
-    let rounds = match std::env::var("SLUICE_PAIRED_ROUNDS") {
-        Ok(value) => match value.parse::<usize>() {
-            Ok(n) if n > 0 => n,
-            _ => {
-                eprintln!("error: SLUICE_PAIRED_ROUNDS must be a positive integer, got {value:?}");
-                std::process::exit(2);
-            }
-        },
-        Err(_) => DEFAULT_ROUNDS,
-    };
+    let rounds = paired::rounds("SLUICE_PAIRED_ROUNDS", DEFAULT_ROUNDS);
     println!(
         "token bucket, {rounds} rounds: ns per check (medians); ratio sluice/governor: median [quartiles]"
     );
@@ -75,11 +67,7 @@ fn main() {
             };
             rows.push((s, g));
         }
-        let quartiles = |mut v: Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            let at = |q: usize| v[(v.len() - 1) * q / 4];
-            (at(2), at(1), at(3))
-        };
+        let quartiles = paired::quartiles;
         let (ratio, low, high) = quartiles(rows.iter().map(|(s, g)| s / g).collect());
         println!(
             "{name:<9} sluice {:>6.2}  governor {:>6.2}  ratio {ratio:.3} [{low:.3}, {high:.3}]",

@@ -12,6 +12,7 @@
 //! median and quartiles. The setups, quotas and keys are `keyed`'s (see `common/mod.rs`).
 
 mod common;
+mod paired;
 
 use std::time::Instant;
 
@@ -31,16 +32,7 @@ fn checks_per_round(case: Case) -> u32 {
 
 fn main() {
     let filter = std::env::args().skip(1).find(|arg| !arg.starts_with("--"));
-    let rounds = match std::env::var("SLUICE_PAIRED_ROUNDS") {
-        Ok(value) => match value.parse::<usize>() {
-            Ok(n) if n > 0 => n,
-            _ => {
-                eprintln!("error: SLUICE_PAIRED_ROUNDS must be a positive integer, got {value:?}");
-                std::process::exit(2);
-            }
-        },
-        Err(_) => DEFAULT_ROUNDS,
-    };
+    let rounds = paired::rounds("SLUICE_PAIRED_ROUNDS", DEFAULT_ROUNDS);
     println!(
         "{rounds} rounds per case; ns per check (medians); ratios sluice/governor (SipHash) and sluice/governor (foldhash): median [quartiles]"
     );
@@ -91,11 +83,7 @@ fn paired(case: Case, clocks: &str, sides: (impl Side, impl Side, impl Side), ro
     sluice.verify();
     governor.verify();
     foldhash.verify();
-    let quartiles = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        let at = |q: usize| v[(v.len() - 1) * q / 4];
-        (at(2), at(1), at(3))
-    };
+    let quartiles = paired::quartiles;
     let median = |side: usize| quartiles(rows.iter().map(|r| r[side]).collect()).0;
     let ratio = |side: usize| {
         let (m, lo, hi) = quartiles(rows.iter().map(|r| r[0] / r[side]).collect());

@@ -59,31 +59,54 @@ fn backoff(round: &mut u32) {
     }
 }
 
-/// Slots given back by ended threads, handed out again lowest first.
-static FREE_SLOTS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
-static NEXT_SLOT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// Slot numbers for live threads: the lowest one given back by an ended thread first, else a
+/// new one.
+struct SlotNumbers {
+    free: Mutex<Vec<usize>>,
+    next: std::sync::atomic::AtomicUsize,
+}
 
-/// A live thread's slot, given back when the thread ends.
-struct Slot(usize);
+impl SlotNumbers {
+    const fn new() -> Self {
+        Self {
+            free: Mutex::new(Vec::new()),
+            next: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
 
-impl Slot {
-    fn take() -> Self {
-        let mut free = lock(&FREE_SLOTS);
+    fn take(&self) -> usize {
+        let mut free = lock(&self.free);
         let lowest = free
             .iter()
             .enumerate()
             .min_by_key(|(_, slot)| **slot)
             .map(|(i, _)| i);
         match lowest {
-            Some(i) => Slot(free.swap_remove(i)),
-            None => Slot(NEXT_SLOT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)),
+            Some(i) => free.swap_remove(i),
+            None => self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
+    }
+
+    fn give_back(&self, slot: usize) {
+        lock(&self.free).push(slot);
+    }
+}
+
+/// The process's slot numbers.
+static SLOT_NUMBERS: SlotNumbers = SlotNumbers::new();
+
+/// A live thread's slot, given back when the thread ends.
+struct Slot(usize);
+
+impl Slot {
+    fn take() -> Self {
+        Slot(SLOT_NUMBERS.take())
     }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        lock(&FREE_SLOTS).push(self.0);
+        SLOT_NUMBERS.give_back(self.0);
     }
 }
 
@@ -358,12 +381,24 @@ mod tests {
         }
     }
 
+    /// Numbers given back are handed out again, lowest first; numbers in use are never handed
+    /// out twice. (On a registry of its own: the process's is shared with every test thread.)
     #[test]
-    fn an_ended_threads_slot_is_handed_out_again() {
-        let slot = || std::thread::spawn(|| SLOT.with(|slot| slot.0)).join().unwrap();
-        let first = slot();
-        assert_eq!(slot(), first);
-        // Two live threads hold two different slots: the first holds its slot until told.
+    fn a_given_back_slot_is_handed_out_again_lowest_first() {
+        let numbers = SlotNumbers::new();
+        let (a, b, c) = (numbers.take(), numbers.take(), numbers.take());
+        assert_eq!((a, b, c), (0, 1, 2));
+        numbers.give_back(c);
+        numbers.give_back(a);
+        assert_eq!(numbers.take(), a);
+        assert_eq!(numbers.take(), c);
+        assert_eq!(numbers.take(), 3);
+    }
+
+    /// A thread's slot is given back when it ends: a thread that ends while another lives
+    /// leaves the live one's slot alone, and the process's numbers stay in use at most once.
+    #[test]
+    fn live_threads_hold_distinct_slots() {
         let (held_tx, held_rx) = std::sync::mpsc::channel();
         let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
         let hold = std::thread::spawn(move || {
@@ -371,7 +406,8 @@ mod tests {
             done_rx.recv().unwrap();
         });
         let held = held_rx.recv().unwrap();
-        assert_ne!(slot(), held);
+        let other = std::thread::spawn(|| SLOT.with(|slot| slot.0)).join().unwrap();
+        assert_ne!(other, held);
         done_tx.send(()).unwrap();
         hold.join().unwrap();
     }
