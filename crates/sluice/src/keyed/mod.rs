@@ -286,6 +286,33 @@ mod tests {
     use super::*;
     use crate::{ManualClock, TokenBucket};
 
+    /// New keys that keep evicting idle ones leave the table's runs short. (An eviction sample
+    /// taken at a hand sweeping the table let the back-shift of each removal move the run
+    /// behind it past the hand: runs grew to half the table, and a new key cost microseconds.)
+    #[test]
+    fn churn_through_a_full_store_keeps_probe_runs_short() {
+        const CAPACITY: usize = 4096;
+        let quota: Quota = "1000/s".parse().unwrap();
+        let clock = ManualClock::new(0);
+        let limiter = KeyedLimiter::<u64, _>::builder(TokenBucket, quota)
+            .unknown_key_quota(quota)
+            .capacity(CAPACITY)
+            .shards(1)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        for key in 0..200_000u64 {
+            // One unit at 1000/s comes back in 1 ms: every entry is idle by the next key.
+            clock.advance(Duration::from_millis(1));
+            assert!(limiter.check(&key).is_allowed());
+        }
+        let metrics = limiter.metrics();
+        assert_eq!(metrics.entries, CAPACITY as u64);
+        assert!(metrics.evicted_idle > 190_000, "{metrics:?}");
+        let (longest, slots) = limiter.inner.shards[0].read().longest_run();
+        assert!(longest * 20 < slots, "a run of {longest} places in {slots}");
+    }
+
     /// Threads that meet the same new keys at once in a store far smaller than the keys, so
     /// that inserts keep evicting and reusing places: no key may be stored twice (the slow
     /// path skips its second lookup on the shards' insert counts, which must see every way a

@@ -229,6 +229,12 @@ impl<K, A: Algorithm> Shard<K, A> {
         self.table.len()
     }
 
+    /// See [`Table::longest_run`].
+    #[cfg(test)]
+    pub(crate) fn longest_run(&self) -> (usize, usize) {
+        self.table.longest_run()
+    }
+
     #[cfg(test)]
     pub(crate) fn entries(&self) -> impl Iterator<Item = &Entry<K, A>> {
         self.table.iter()

@@ -333,6 +333,18 @@ impl<E> Table<E> {
         self.slots[slot].insert(entry)
     }
 
+    /// The most places held in a row (round the table), and the table's size.
+    #[cfg(test)]
+    pub(crate) fn longest_run(&self) -> (usize, usize) {
+        let n = self.slot_count();
+        let (mut longest, mut run) = (0, 0);
+        for slot in 0..2 * n {
+            run = if self.ctrl[slot % n] == EMPTY { 0 } else { run + 1 };
+            longest = longest.max(run.min(n));
+        }
+        (longest, n)
+    }
+
     #[cfg(test)]
     pub(crate) fn iter(&self) -> impl Iterator<Item = &E> {
         self.slots.iter().flatten()
