@@ -244,12 +244,12 @@ impl<K, A: Algorithm> Shard<K, A> {
         self.table.iter_mut()
     }
 
-    /// Starts loading what making room for a newcomer with hash `hash` reads first (its
-    /// sketch block, its place in the table, where an eviction sample starts), so those cache
-    /// misses overlap the way from a missed lookup to the write lock.
+    /// Starts loading what making room for a newcomer with hash `hash` reads first that the
+    /// lookup which missed has not (its sketch block: the lookup already read the newcomer's
+    /// place in the table, where an eviction sample starts), so the miss overlaps the way to
+    /// the write lock.
     pub(crate) fn prefetch_room(&self, hash: u64) {
         self.sketch.prefetch(hash);
-        self.table.prefetch(hash);
     }
 
     /// Makes room for a newcomer with hash `hash`, evicting per the policy if full.

@@ -19,7 +19,7 @@
 //! one word (the first eight are repeated after the last, so a word may run past the end).
 
 use super::pages::Slots;
-use super::shard::{prefetch, prefetch_all};
+use super::shard::prefetch_all;
 
 /// The most entries one shard's table holds: a growing table is rebuilt under its shard's
 /// write lock, so a larger capacity takes more shards rather than longer pauses.
@@ -217,15 +217,6 @@ impl<E> Table<E> {
     #[inline]
     pub(crate) fn get_mut(&mut self, slot: usize) -> Option<&mut E> {
         self.slots.get_mut(slot).and_then(Option::as_mut)
-    }
-
-    /// Starts loading what inserting an entry of this hash reads first.
-    pub(crate) fn prefetch(&self, hash: u64) {
-        if self.len > 0 {
-            let home = self.home(hash);
-            prefetch(&self.ctrl[home]);
-            prefetch_all(&self.slots[home]);
-        }
     }
 
     /// Stores `entry` under `hash` (not stored yet) and returns it where it now lies. `hash_of` gives an
