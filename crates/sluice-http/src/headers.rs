@@ -5,6 +5,7 @@
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::LocalKey;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::HeaderMap;
@@ -187,6 +188,32 @@ impl Rendered {
         if let Some(retry) = fields.retry_after {
             headers.insert(RETRY_AFTER, number(retry));
         }
+    }
+}
+
+static SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
+
+/// The `Server-Timing` metric of a request that waited in its key's queue, in milliseconds
+/// with microseconds: `ratelimit-wait;dur=250.013`.
+pub(crate) const WAIT_METRIC: &str = "ratelimit-wait";
+
+/// Adds how long a request waited for capacity as a `Server-Timing` entry, after any the
+/// inner service wrote.
+pub(crate) fn write_server_timing(headers: &mut HeaderMap, waited: Duration) {
+    let micros = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
+    let mut text = Vec::with_capacity(WAIT_METRIC.len() + 24);
+    text.extend_from_slice(WAIT_METRIC.as_bytes());
+    text.extend_from_slice(b";dur=");
+    put_u64(&mut text, micros / 1000);
+    text.push(b'.');
+    let fraction = micros % 1000;
+    text.extend_from_slice(&[
+        b'0' + (fraction / 100) as u8,
+        b'0' + (fraction / 10 % 10) as u8,
+        b'0' + (fraction % 10) as u8,
+    ]);
+    if let Ok(value) = HeaderValue::from_bytes(&text) {
+        headers.append(SERVER_TIMING.clone(), value);
     }
 }
 

@@ -54,6 +54,7 @@ mod headers;
 mod key;
 mod layer;
 mod proxy;
+mod wait;
 
 pub use backend::{CheckFuture, LimitBackend};
 pub use cost::{CostRule, PathError, RouteCosts, normalize_path};
@@ -66,3 +67,4 @@ pub use layer::{
 pub use proxy::{
     ClientIpError, ClientIpHeader, ClientIpHeaderError, IpNet, IpNetError, PeerAddr, TrustedProxies,
 };
+pub use wait::{DEFAULT_MAX_WAITERS, WaitRoom};

@@ -3,11 +3,14 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use sluice::WaitPolicy;
+
 use super::RateLimitLayer;
 use super::gatekeeper::Gatekeeper;
 use crate::headers::{next_policy_id, valid_policy_name};
 use crate::key::{KeyPart, KeySource, MAX_KEY_LEN};
-use crate::{ClientIpHeader, LimitBackend, PeerAddr, RouteCosts, TrustedProxies};
+use crate::wait::{ExcessPolicies, waits};
+use crate::{ClientIpHeader, LimitBackend, PeerAddr, RouteCosts, TrustedProxies, WaitRoom};
 
 /// The IPv6 prefix clients are keyed by unless set: a /64 is what one subscriber or host
 /// usually holds, and it can pick any address in it.
@@ -97,6 +100,9 @@ pub struct RateLimitBuilder {
     headers_on_allow: bool,
     policy_name: String,
     peer_addr: PeerAddrReader,
+    on_excess: WaitPolicy,
+    on_excess_by_key: Vec<(String, WaitPolicy)>,
+    wait_room: Option<Arc<WaitRoom>>,
 }
 
 impl RateLimitBuilder {
@@ -115,6 +121,9 @@ impl RateLimitBuilder {
             headers_on_allow: true,
             policy_name: "default".to_string(),
             peer_addr: read_peer_addr,
+            on_excess: WaitPolicy::reject(),
+            on_excess_by_key: Vec::new(),
+            wait_room: None,
         }
     }
 
@@ -197,6 +206,54 @@ impl RateLimitBuilder {
         self
     }
 
+    /// What becomes of a request over its quota (default [`WaitPolicy::reject`]: a 429 at
+    /// once). Under a policy that waits (a timeout above 0 and a queue limit above 0) it
+    /// waits in its key's queue, in the policy's order, for at most the policy's timeout
+    /// (`max_wait`), within its queue limit (in units of cost) and the [`WaitRoom`]'s bound
+    /// on all waiters. A request that cannot be served within `max_wait`, or finds no room,
+    /// is refused at once, its `Retry-After` saying when it could have been served. A
+    /// waiting request holds no capacity, only its place: dropping its response future (a
+    /// client that disconnects) leaves the queue. Responses of requests that waited carry
+    /// `Server-Timing: ratelimit-wait;dur=MILLISECONDS`.
+    ///
+    /// Waiting runs on tokio's timer: the service must be called inside a tokio runtime with
+    /// time enabled.
+    ///
+    /// # Example
+    /// ```
+    /// use std::time::Duration;
+    /// use sluice::{KeyedLimiter, QueueOrder, TokenBucket, WaitPolicy};
+    /// use sluice_http::RateLimitLayer;
+    /// let limiter = KeyedLimiter::<String, _>::builder(TokenBucket, "10/s".parse()?).build()?;
+    /// let layer = RateLimitLayer::builder(limiter)
+    ///     .on_excess(WaitPolicy::wait_up_to(Duration::from_secs(1)).with_queue_limit(10))
+    ///     .on_excess_for("batch", WaitPolicy::wait_up_to(Duration::from_secs(30)).with_queue_order(QueueOrder::NewestFirst))
+    ///     .on_excess_for("interactive", WaitPolicy::reject())
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn on_excess(mut self, policy: WaitPolicy) -> Self {
+        self.on_excess = policy;
+        self
+    }
+
+    /// What becomes of `key`'s requests over its quota, in place of
+    /// [`on_excess`](Self::on_excess)'s policy.
+    pub fn on_excess_for(mut self, key: impl Into<String>, policy: WaitPolicy) -> Self {
+        self.on_excess_by_key.push((key.into(), policy));
+        self
+    }
+
+    /// The queues waiting requests join, and their bound over all keys (default: a room of
+    /// the layer's own, of [`DEFAULT_MAX_WAITERS`](crate::DEFAULT_MAX_WAITERS)). Share one
+    /// between layers that should share the bound, or between a layer and the one rebuilt to
+    /// replace it, so its waiters keep their places.
+    pub fn wait_room(mut self, room: Arc<WaitRoom>) -> Self {
+        self.wait_room = Some(room);
+        self
+    }
+
     /// The layer.
     ///
     /// # Errors
@@ -218,6 +275,17 @@ impl RateLimitBuilder {
         if !(1..=128).contains(&self.ipv6_prefix) {
             return Err(BuildError::Ipv6Prefix(self.ipv6_prefix));
         }
+        let by_key: std::collections::HashMap<_, _, _> = self
+            .on_excess_by_key
+            .into_iter()
+            .map(|(key, policy)| (key.into_boxed_str(), waits(policy)))
+            .collect();
+        let default = waits(self.on_excess);
+        let excess = (default.is_some() || by_key.values().any(Option::is_some)).then(|| ExcessPolicies {
+            room: self.wait_room.unwrap_or_default(),
+            default,
+            by_key,
+        });
         Ok(RateLimitLayer {
             gatekeeper: Arc::new(Gatekeeper {
                 policy_id: next_policy_id(),
@@ -235,6 +303,7 @@ impl RateLimitBuilder {
                 headers_on_allow: self.headers_on_allow,
                 policy_name: self.policy_name.into(),
                 peer_addr: self.peer_addr,
+                excess,
             }),
         })
     }

@@ -4,6 +4,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
@@ -11,7 +12,8 @@ use tower_service::Service;
 
 use super::gatekeeper::{Admission, Gatekeeper, server_error};
 use crate::CheckFuture;
-use crate::headers::Rendered;
+use crate::headers::{Rendered, write_server_timing};
+use crate::wait::WaitFuture;
 
 /// A request held back while the backend decides, with what it needs afterwards.
 pub(super) struct Waiting<S, ReqBody> {
@@ -42,7 +44,8 @@ pin_project! {
     {
         // Boxed: only remote backends wait, and the in-memory future stays small.
         Checking { check: CheckFuture, waiting: Option<Box<Waiting<S, ReqBody>>> },
-        Inner { #[pin] future: S::Future, fields: Option<Rendered> },
+        Queued { wait: WaitFuture, waiting: Option<Box<Waiting<S, ReqBody>>> },
+        Inner { #[pin] future: S::Future, fields: Option<Rendered>, waited: Option<Duration> },
         Ready { response: Option<Response<ResBody>> },
     }
 }
@@ -59,7 +62,7 @@ where
         inner: &mut S,
         request: Request<ReqBody>,
     ) -> Self {
-        let kind = Kind::admitted_or_denied(admission, gatekeeper, inner, request);
+        let kind = Kind::admitted_or_denied(admission, gatekeeper, inner, request, None);
         Self { kind }
     }
 
@@ -79,6 +82,15 @@ where
         };
         Self { kind }
     }
+
+    /// The request waiting in its key's queue.
+    pub(super) fn queued(wait: WaitFuture, waiting: Waiting<S, ReqBody>) -> Self {
+        let kind = Kind::Queued {
+            wait,
+            waiting: Some(Box::new(waiting)),
+        };
+        Self { kind }
+    }
 }
 
 impl<S, ReqBody, ResBody> Kind<S, ReqBody, ResBody>
@@ -86,21 +98,51 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: From<&'static str>,
 {
+    /// `waited`: how long the request waited in its key's queue, if it did.
     fn admitted_or_denied(
         admission: Admission,
         gatekeeper: &Gatekeeper,
         inner: &mut S,
         request: Request<ReqBody>,
+        waited: Option<Duration>,
     ) -> Self {
         match admission {
             Admission::Pass(fields) => Kind::Inner {
                 future: inner.call(request),
                 fields: fields.map(|f| gatekeeper.render(f)),
+                waited,
             },
-            Admission::Deny(fields) => Kind::Ready {
-                response: Some(gatekeeper.denied(fields)),
-            },
+            Admission::Deny(fields) => {
+                let mut response = gatekeeper.denied(fields);
+                if let Some(waited) = waited {
+                    write_server_timing(response.headers_mut(), waited);
+                }
+                Kind::Ready {
+                    response: Some(response),
+                }
+            }
         }
+    }
+
+    /// The request once its check completed, with what it needs kept in `waiting`.
+    fn settled(
+        waiting: Option<Box<Waiting<S, ReqBody>>>,
+        answer: Result<sluice::Decision, sluice::CheckError>,
+        waited: Option<Duration>,
+    ) -> Self {
+        let Some(waiting) = waiting else {
+            return Kind::Ready {
+                response: Some(server_error()),
+            };
+        };
+        let Waiting {
+            mut inner,
+            request,
+            key,
+            gatekeeper,
+        } = *waiting;
+        let admission = gatekeeper.admission(answer, || gatekeeper.backend.quota(&key));
+        Kind::admitted_or_denied(admission, &gatekeeper, &mut inner, request, waited)
     }
 }
 
@@ -117,22 +159,23 @@ where
             let next = match kind.as_mut().project() {
                 KindProj::Checking { check, waiting } => {
                     let answer = std::task::ready!(Pin::new(check).poll(cx));
-                    let Some(waiting) = waiting.take() else {
-                        return Poll::Ready(Ok(server_error()));
-                    };
-                    let Waiting {
-                        mut inner,
-                        request,
-                        key,
-                        gatekeeper,
-                    } = *waiting;
-                    let admission = gatekeeper.admission(answer, || gatekeeper.backend.quota(&key));
-                    Kind::admitted_or_denied(admission, &gatekeeper, &mut inner, request)
+                    Kind::settled(waiting.take(), answer, None)
                 }
-                KindProj::Inner { future, fields } => {
+                KindProj::Queued { wait, waiting } => {
+                    let (answer, waited) = std::task::ready!(Pin::new(wait).poll(cx));
+                    Kind::settled(waiting.take(), answer, Some(waited).filter(|w| !w.is_zero()))
+                }
+                KindProj::Inner {
+                    future,
+                    fields,
+                    waited,
+                } => {
                     let mut response = std::task::ready!(future.poll(cx))?;
                     if let Some(fields) = fields.take() {
                         fields.write(response.headers_mut());
+                    }
+                    if let Some(waited) = waited.take() {
+                        write_server_timing(response.headers_mut(), waited);
                     }
                     return Poll::Ready(Ok(response));
                 }

@@ -5,11 +5,12 @@ use std::sync::Arc;
 
 use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{HeaderMap, Request, Response, StatusCode};
-use sluice::{CheckError, Decision, Quota};
+use sluice::{CheckError, Decision, QueueOrder, Quota, WaitPolicy};
 
 use super::PeerAddrReader;
 use crate::headers::{RateFields, Rendered, denial_headers};
 use crate::key::{KeyBuf, KeyRejection, KeySource};
+use crate::wait::{ExcessPolicies, WaitFuture, after_check, refused, unit_interval, wait_turn};
 use crate::{CheckFuture, ClientIpHeader, LimitBackend, RouteCosts, TrustedProxies};
 
 /// The body of a 429 response.
@@ -34,6 +35,8 @@ pub(super) struct Gatekeeper {
     pub(super) headers_on_allow: bool,
     pub(super) policy_name: Box<str>,
     pub(super) peer_addr: PeerAddrReader,
+    /// Whether requests over their quota wait; `None` when none may.
+    pub(super) excess: Option<ExcessPolicies>,
 }
 
 /// What becomes of a request.
@@ -42,6 +45,9 @@ pub(super) enum Verdict {
     BadKey(KeyRejection),
     /// The backend answers later; the key is kept to read its quota then.
     Wait(CheckFuture, Box<str>),
+    /// Over its quota, the request waits in its key's queue (or for a remote backend's first
+    /// answer, then there).
+    Queue(WaitFuture, Box<str>),
 }
 
 /// What becomes of a request once the backend has answered.
@@ -80,12 +86,71 @@ impl Gatekeeper {
             return Verdict::Decided(Admission::Pass(None));
         }
         let cost = self.costs.cost(request.method(), request.uri().path());
+        if let Some(excess) = &self.excess
+            && let Some(policy) = excess.of(key)
+        {
+            return self.decide_waiting(excess, *policy, key, cost);
+        }
         let (check, quota) = self.backend.check_quoted(key, cost);
         match check.into_ready() {
             Ok(answer) => {
                 Verdict::Decided(self.admission(answer, || quota.or_else(|| self.backend.quota(key))))
             }
             Err(pending) => Verdict::Wait(pending, key.into()),
+        }
+    }
+
+    /// The decision for a request that may wait: oldest-first, it joins its key's waiters
+    /// without asking the limit (it must not take capacity from them); otherwise it asks,
+    /// and joins the queue if denied.
+    #[inline(never)]
+    fn decide_waiting(&self, excess: &ExcessPolicies, policy: WaitPolicy, key: &str, cost: u64) -> Verdict {
+        let room = &excess.room;
+        if policy.queue_order() == QueueOrder::OldestFirst && room.has_queue(key) {
+            let quota = self.backend.quota(key);
+            return self.join(excess, policy, key, cost, None, quota);
+        }
+        let (check, quota) = self.backend.check_quoted(key, cost);
+        match check.into_ready() {
+            Ok(Ok(decision)) if !decision.is_allowed() => {
+                let quota = quota.or_else(|| self.backend.quota(key));
+                self.join(excess, policy, key, cost, Some(decision), quota)
+            }
+            Ok(answer) => {
+                Verdict::Decided(self.admission(answer, || quota.or_else(|| self.backend.quota(key))))
+            }
+            Err(pending) => {
+                let room = Arc::clone(room);
+                let wait = after_check(pending, room, Arc::clone(&self.backend), key.into(), cost, policy);
+                Verdict::Queue(wait, key.into())
+            }
+        }
+    }
+
+    /// A place in `key`'s queue, or a 429 at once: when the request cannot be served within
+    /// its `max_wait` (its `Retry-After` then says when it could), or finds no room.
+    fn join(
+        &self,
+        excess: &ExcessPolicies,
+        policy: WaitPolicy,
+        key: &str,
+        cost: u64,
+        denial: Option<Decision>,
+        quota: Option<Quota>,
+    ) -> Verdict {
+        let interval = unit_interval(quota);
+        let retry_after = denial.map(|d| d.retry_after());
+        match excess.room.join(key, cost, &policy, retry_after, interval) {
+            Ok(ticket) => {
+                let backend = Arc::clone(&self.backend);
+                let wait = WaitFuture::new(wait_turn(ticket, backend, cost, policy.timeout(), denial));
+                Verdict::Queue(wait, key.into())
+            }
+            Err(refusal) => {
+                let limit = quota.map_or(cost, |q| q.capacity());
+                let denial = refused(denial, limit, refusal.wait());
+                Verdict::Decided(Admission::Deny(RateFields::new(&denial, quota)))
+            }
         }
     }
 

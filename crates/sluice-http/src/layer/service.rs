@@ -77,19 +77,24 @@ where
                 ResponseFuture::admitted_or_denied(admission, &self.gatekeeper, &mut self.inner, request)
             }
             Verdict::BadKey(rejection) => ResponseFuture::ready(Gatekeeper::bad_key(rejection)),
-            Verdict::Wait(check, key) => {
-                // The service made ready by `poll_ready` goes with the request; a fresh clone
-                // stays here for the next `poll_ready` (tower's clone-and-replace).
-                let fresh = self.inner.clone();
-                let ready = std::mem::replace(&mut self.inner, fresh);
-                let waiting = Waiting {
-                    inner: ready,
-                    request,
-                    key,
-                    gatekeeper: Arc::clone(&self.gatekeeper),
-                };
-                ResponseFuture::checking(check, waiting)
-            }
+            Verdict::Wait(check, key) => ResponseFuture::checking(check, self.hold(request, key)),
+            Verdict::Queue(wait, key) => ResponseFuture::queued(wait, self.hold(request, key)),
+        }
+    }
+}
+
+impl<S: Clone> RateLimit<S> {
+    /// A request held back until its check completes, with the service to call then.
+    fn hold<ReqBody>(&mut self, request: Request<ReqBody>, key: Box<str>) -> Waiting<S, ReqBody> {
+        // The service made ready by `poll_ready` goes with the request; a fresh clone stays
+        // here for the next `poll_ready` (tower's clone-and-replace).
+        let fresh = self.inner.clone();
+        let ready = std::mem::replace(&mut self.inner, fresh);
+        Waiting {
+            inner: ready,
+            request,
+            key,
+            gatekeeper: Arc::clone(&self.gatekeeper),
         }
     }
 }
