@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
 use sluice_descriptors::{DomainRules, RuleSet};
-use sluice_http::{BuildError, RateLimit, RateLimitLayer, RouteCosts, TrustedProxies};
+use sluice_http::{BuildError, RateLimit, RateLimitLayer, RouteCosts, TrustedProxies, WaitRoom};
 use sluice_redis::{RedisOptions, RedisStore};
 use sluice_service::{
     CounterSettings, Engine, EngineSettings, LayerBackend, RedisCounters, ValueQuotaSource, ValueQuotas,
@@ -140,12 +140,20 @@ pub struct App {
     limiter_settings: LimiterSettings,
     /// The engine deciding every request's key, on the accounts' rules.
     engine: Arc<Engine>,
+    /// The queues of requests waiting for capacity: kept across reloads, so waiters keep
+    /// their places and the bound on them holds for the whole server.
+    room: Arc<WaitRoom>,
 }
 
 impl App {
     /// The engine deciding the layer's requests.
     pub fn engine(&self) -> &Arc<Engine> {
         &self.engine
+    }
+
+    /// The requests waiting for capacity.
+    pub fn wait_room(&self) -> &Arc<WaitRoom> {
+        &self.room
     }
 
     /// A new app with a new engine (connecting to Redis if the settings say so). Must run
@@ -183,7 +191,8 @@ impl App {
                 Engine::on_redis(rules, engine_settings, counters)?
             }
         };
-        Self::with_engine(settings, Arc::new(engine))
+        let room = Arc::new(WaitRoom::new(settings.excess.max_waiters));
+        Self::with_engine(settings, Arc::new(engine), room)
     }
 
     /// The app for changed settings, keeping every held count where it can:
@@ -204,7 +213,7 @@ impl App {
     ) -> Result<(Self, Reloaded), AppError> {
         let (old, new) = (&self.limiter_settings, &settings.limiter);
         if new == old {
-            let app = Self::with_engine(settings, Arc::clone(&self.engine))?;
+            let app = Self::with_engine(settings, Arc::clone(&self.engine), Arc::clone(&self.room))?;
             // Last, once nothing can fail.
             self.engine.reload(accounts_rules(settings)?)?;
             return Ok((app, Reloaded::Kept));
@@ -218,7 +227,7 @@ impl App {
             _ if old.algorithm != new.algorithm => afresh("another algorithm"),
             (None, None) => {
                 let engine = Engine::new(accounts_rules(settings)?, engine_settings(new)?)?;
-                let app = Self::with_engine(settings, Arc::new(engine))?;
+                let app = Self::with_engine(settings, Arc::new(engine), Arc::clone(&self.room))?;
                 // Last, once nothing can fail: the keys leave the running engine.
                 let reloaded = match self.engine.migrate_into(&app.engine) {
                     Some(migrated) => Reloaded::Migrated {
@@ -238,10 +247,12 @@ impl App {
             (None, Some(_)) => afresh("from memory to Redis"),
             (Some(_), None) => afresh("from Redis to memory"),
         };
-        Ok((Self::new(settings, url_field).await?, reloaded))
+        let app = Self::new(settings, url_field).await?;
+        let app = Self::with_engine(settings, app.engine, Arc::clone(&self.room))?;
+        Ok((app, reloaded))
     }
 
-    fn with_engine(settings: &Settings, engine: Arc<Engine>) -> Result<Self, AppError> {
+    fn with_engine(settings: &Settings, engine: Arc<Engine>, room: Arc<WaitRoom>) -> Result<Self, AppError> {
         let backend = LayerBackend::new(Arc::clone(&engine), ACCOUNTS_DOMAIN, ACCOUNT_KEY);
         let layer = RateLimitLayer::builder(backend)
             .key(settings.key_parts.iter().cloned())
@@ -253,12 +264,19 @@ impl App {
             .bypass(settings.bypass.iter().cloned())
             .costs(RouteCosts::new(settings.costs.iter().cloned()))
             .headers_on_allow(settings.headers)
+            .on_excess(settings.excess.default)
+            .wait_room(Arc::clone(&room));
+        let layer = (settings.excess.by_account.iter())
+            .fold(layer, |layer, (account, policy)| {
+                layer.on_excess_for(account.clone(), *policy)
+            })
             .build()?;
         Ok(Self {
             needs_peer: layer.needs_peer_addr(),
             service: layer.layer(Hello),
             limiter_settings: settings.limiter.clone(),
             engine,
+            room,
         })
     }
 }

@@ -350,6 +350,25 @@ impl Collector for Observed {
                 clamp(state.rules_revision.load(Relaxed)),
             )?;
         }
+        let app = self.app.load();
+        let room = app.wait_room();
+        lone_gauge(
+            &mut encoder,
+            "waiting_requests",
+            "Requests over their quota waiting for capacity now (on_excess: wait).",
+            clamp(room.waiters() as u64),
+        )?;
+        let waits = room.counts();
+        let mut m = family(
+            &mut encoder,
+            "wait_outcomes",
+            "Requests over their quota that may wait: served after waiting, refused at once \
+             (max_wait or a queue limit), refused after waiting.",
+            MetricType::Counter,
+        )?;
+        counter(&mut m, &[("result", "served")], waits.served)?;
+        counter(&mut m, &[("result", "refused")], waits.refused)?;
+        counter(&mut m, &[("result", "late")], waits.late)?;
         lone_gauge(
             &mut encoder,
             "open_connections",

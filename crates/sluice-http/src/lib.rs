@@ -67,4 +67,4 @@ pub use layer::{
 pub use proxy::{
     ClientIpError, ClientIpHeader, ClientIpHeaderError, IpNet, IpNetError, PeerAddr, TrustedProxies,
 };
-pub use wait::{DEFAULT_MAX_WAITERS, WaitRoom};
+pub use wait::{DEFAULT_MAX_WAITERS, WaitCounts, WaitRoom};

@@ -18,7 +18,7 @@ use std::collections::{HashMap, VecDeque};
 use std::future::{Future, poll_fn};
 use std::hash::BuildHasher;
 use std::pin::{Pin, pin};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -66,7 +66,31 @@ pub struct WaitRoom {
     hasher: foldhash::fast::RandomState,
     waiters: AtomicUsize,
     max_waiters: usize,
+    counts: [AtomicU64; 3],
 }
+
+/// What became of the requests that went to a [`WaitRoom`], since it was made.
+///
+/// # Example
+/// ```
+/// let counts = sluice_http::WaitRoom::new(10).counts();
+/// assert_eq!((counts.served, counts.refused, counts.late), (0, 0, 0));
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WaitCounts {
+    /// Waited and were served.
+    pub served: u64,
+    /// Refused at once: they could not be served within their `max_wait`, or found no room.
+    pub refused: u64,
+    /// Waited and were refused after all: their deadline came first (the estimate was wrong:
+    /// the quota changed, capacity was spent elsewhere), or newer waiters pushed them past it
+    /// (newest-first), or an error.
+    pub late: u64,
+}
+
+const SERVED: usize = 0;
+const REFUSED: usize = 1;
+const LATE: usize = 2;
 
 impl std::fmt::Debug for WaitRoom {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -149,6 +173,7 @@ impl WaitRoom {
             hasher: foldhash::fast::RandomState::default(),
             waiters: AtomicUsize::new(0),
             max_waiters,
+            counts: Default::default(),
         }
     }
 
@@ -170,6 +195,25 @@ impl WaitRoom {
     /// ```
     pub fn max_waiters(&self) -> usize {
         self.max_waiters
+    }
+
+    /// What became of the requests that came here.
+    ///
+    /// # Example
+    /// ```
+    /// assert_eq!(sluice_http::WaitRoom::new(10).counts().served, 0);
+    /// ```
+    pub fn counts(&self) -> WaitCounts {
+        let read = |i: usize| self.counts[i].load(Ordering::Relaxed);
+        WaitCounts {
+            served: read(SERVED),
+            refused: read(REFUSED),
+            late: read(LATE),
+        }
+    }
+
+    fn count(&self, outcome: usize) {
+        self.counts[outcome].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Keys with waiters now.
@@ -197,6 +241,21 @@ impl WaitRoom {
     /// if it was asked (the newcomer is then the head, or is behind others that came first);
     /// `interval` is the time the quota takes to refill one unit, when known.
     pub(crate) fn join(
+        self: &Arc<Self>,
+        key: &str,
+        cost: u64,
+        policy: &WaitPolicy,
+        retry_after: Option<Duration>,
+        interval: Option<Duration>,
+    ) -> Result<Ticket, Refusal> {
+        let joined = self.try_join(key, cost, policy, retry_after, interval);
+        if joined.is_err() {
+            self.count(REFUSED);
+        }
+        joined
+    }
+
+    fn try_join(
         self: &Arc<Self>,
         key: &str,
         cost: u64,
@@ -469,6 +528,7 @@ pub(crate) async fn wait_turn(
         if let Err(retry) = turn {
             // Evicted or out of time: when the limit could serve it, as far as it is known.
             let retry = retry.or(denial.map(|d| d.retry_after())).unwrap_or_default();
+            ticket.room.count(LATE);
             return (Ok(refused(denial, cost, retry)), start.elapsed());
         }
         let answer = backend.check(&ticket.key, cost).await;
@@ -476,6 +536,7 @@ pub(crate) async fn wait_turn(
             Ok(decision) if decision.is_allowed() => {
                 ticket.room.leave(&ticket);
                 ticket.left = true;
+                ticket.room.count(SERVED);
                 return (Ok(decision), start.elapsed());
             }
             Ok(decision) => {
@@ -483,11 +544,15 @@ pub(crate) async fn wait_turn(
                 let due = now + decision.retry_after();
                 denial = Some(decision);
                 if deadline.is_some_and(|d| due > d) {
+                    ticket.room.count(LATE);
                     return (Ok(decision), now - start);
                 }
                 ticket.room.reschedule(&ticket, due);
             }
-            Err(error) => return (Err(error), start.elapsed()),
+            Err(error) => {
+                ticket.room.count(LATE);
+                return (Err(error), start.elapsed());
+            }
         }
     }
 }

@@ -4,13 +4,14 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
-use sluice::{AlgorithmKind, KeyedLimiter, Quota, TokenBucket};
+use sluice::{AlgorithmKind, KeyedLimiter, QueueOrder, Quota, TokenBucket, WaitPolicy};
 use sluice_http::{BuildError, ClientIpHeader, CostRule, IpNet, KeyPart, RateLimitLayer, normalize_path};
 
-use super::raw::{RawConfig, RawCost, RawKey, RawListener, RawRls, RawRules, RawRulesService};
+use super::raw::{RawConfig, RawCost, RawKey, RawListener, RawRls, RawRules, RawRulesService, RawWait};
 use super::{
-    ConfigError, DEFAULT_RULES_POLL, DEFAULT_RULES_SNAPSHOT, LimiterSettings, LoadedRules, RULES_TOKEN_ENV,
-    RulesFrom, RulesService, ServiceSettings, Settings, duration, error,
+    ConfigError, DEFAULT_MAX_WAIT, DEFAULT_QUEUE_LIMIT, DEFAULT_RULES_POLL, DEFAULT_RULES_SNAPSHOT,
+    ExcessSettings, LimiterSettings, LoadedRules, RULES_TOKEN_ENV, RulesFrom, RulesService, ServiceSettings,
+    Settings, duration, error,
 };
 
 /// The most keys a config may ask the limiter to hold (about 6 GB of entries): a bound, so a
@@ -27,6 +28,89 @@ const HEADER_BYTES: std::ops::RangeInclusive<usize> = 1024..=1024 * 1024;
 
 /// The bounds of `max_headers`.
 const HEADERS: std::ops::RangeInclusive<usize> = 1..=10_000;
+
+/// The bounds of `max_waiters`: each waiting request holds its connection.
+const MAX_WAITERS: std::ops::RangeInclusive<usize> = 1..=1_000_000;
+
+/// The bounds of `queue_limit`, in units of cost.
+const QUEUE_LIMIT: std::ops::RangeInclusive<usize> = 1..=1_000_000;
+
+/// The longest `max_wait`: a waiting request holds its connection all along.
+const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// How requests over their quota are treated, as read so far (the server's, then an
+/// account's on top).
+#[derive(Debug, Clone, Copy)]
+struct Waits {
+    wait: bool,
+    max_wait: std::time::Duration,
+    queue_limit: u64,
+    order: QueueOrder,
+}
+
+impl Default for Waits {
+    fn default() -> Self {
+        Self {
+            wait: false,
+            max_wait: DEFAULT_MAX_WAIT,
+            queue_limit: DEFAULT_QUEUE_LIMIT,
+            order: QueueOrder::OldestFirst,
+        }
+    }
+}
+
+impl Waits {
+    /// These settings with the fields `raw` gives; errors name the field after `prefix`.
+    fn with(mut self, prefix: &str, raw: &RawWait) -> Result<Self, ConfigError> {
+        if let Some(text) = &raw.on_excess {
+            self.wait = match text.as_str() {
+                "reject" => false,
+                "wait" => true,
+                other => {
+                    return Err(error(
+                        format!("{prefix}on_excess"),
+                        format!("{other:?}: must be reject or wait"),
+                    ));
+                }
+            };
+        }
+        if let Some(text) = &raw.max_wait {
+            let field = format!("{prefix}max_wait");
+            let max_wait = positive(&field, text)?;
+            if max_wait > MAX_WAIT {
+                return Err(error(field, format!("{text:?} is longer than 1h")));
+            }
+            self.max_wait = max_wait;
+        }
+        if let Some(limit) = raw.queue_limit {
+            let field = format!("{prefix}queue_limit");
+            let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+            self.queue_limit = within(&field, limit, QUEUE_LIMIT)? as u64;
+        }
+        if let Some(text) = &raw.queue_order {
+            self.order = match text.as_str() {
+                "oldest_first" => QueueOrder::OldestFirst,
+                "newest_first" => QueueOrder::NewestFirst,
+                other => {
+                    return Err(error(
+                        format!("{prefix}queue_order"),
+                        format!("{other:?}: must be oldest_first or newest_first"),
+                    ));
+                }
+            };
+        }
+        Ok(self)
+    }
+
+    fn policy(self) -> WaitPolicy {
+        if !self.wait {
+            return WaitPolicy::reject();
+        }
+        WaitPolicy::wait_up_to(self.max_wait)
+            .with_queue_limit(self.queue_limit)
+            .with_queue_order(self.order)
+    }
+}
 
 /// `value` if it is in `range`, else an error naming `field`.
 fn within(field: &str, value: usize, range: std::ops::RangeInclusive<usize>) -> Result<usize, ConfigError> {
@@ -173,12 +257,30 @@ impl RawConfig {
                 ),
             ));
         }
-        for (name, text) in &self.accounts {
+        let server_wait = RawWait {
+            on_excess: self.on_excess.clone(),
+            max_wait: self.max_wait.clone(),
+            queue_limit: self.queue_limit,
+            queue_order: self.queue_order.clone(),
+        };
+        let server_waits = Waits::default().with("", &server_wait)?;
+        let mut by_account = HashMap::new();
+        for (name, account) in &self.accounts {
             let field = format!("accounts.{name}");
             if name.is_empty() {
                 return Err(error("accounts", "an account's name is empty"));
             }
             too_long(field.clone(), name)?;
+            if let Some(wait) = &account.wait {
+                let waits = server_waits.with(&format!("{field}."), wait)?;
+                by_account.insert(name.clone(), waits.policy());
+            }
+            let text = &account.quota;
+            let field = if account.wait.is_some() {
+                format!("{field}.quota")
+            } else {
+                field
+            };
             let mut q = quota(&field, text)?;
             let burst = self.burst.filter(|_| !text.contains("burst") && !q.is_deny_all());
             if let Some(burst) = burst {
@@ -243,6 +345,15 @@ impl RawConfig {
             bypass: self.bypass,
             costs,
             headers: self.headers,
+            excess: ExcessSettings {
+                default: server_waits.policy(),
+                by_account,
+                max_waiters: within(
+                    "max_waiters",
+                    self.max_waiters.unwrap_or(sluice_http::DEFAULT_MAX_WAITERS),
+                    MAX_WAITERS,
+                )?,
+            },
             service,
             admin,
         })

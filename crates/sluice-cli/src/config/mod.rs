@@ -167,11 +167,30 @@ pub struct Settings {
     pub costs: Vec<CostRule>,
     /// Whether admitted responses carry the rate-limit fields.
     pub headers: bool,
+    /// Whether requests over their quota wait.
+    pub excess: ExcessSettings,
     /// The rate-limit service, if rules are configured.
     pub service: Option<ServiceSettings>,
     /// Where the admin listener (metrics, health, top keys, console) listens, if anywhere.
     pub admin: Option<SocketAddr>,
 }
+
+/// How requests over their quota are treated: refused at once, or queued for capacity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExcessSettings {
+    /// The server's policy (`on_excess`, `max_wait`, `queue_limit`, `queue_order`).
+    pub default: sluice::WaitPolicy,
+    /// Accounts that say otherwise.
+    pub by_account: HashMap<String, sluice::WaitPolicy>,
+    /// Requests waiting in the whole server; read at start.
+    pub max_waiters: usize,
+}
+
+/// `max_wait` when left out.
+pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(2);
+
+/// `queue_limit` when left out, in units of cost.
+pub const DEFAULT_QUEUE_LIMIT: u64 = 100;
 
 /// The rate-limit service: descriptor rules and where they are asked for.
 #[derive(Debug, Clone)]

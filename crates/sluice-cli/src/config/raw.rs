@@ -36,7 +36,14 @@ pub(super) struct RawConfig {
     pub capacity: Option<usize>,
     pub headers: bool,
     pub bypass: Vec<String>,
-    pub accounts: BTreeMap<String, String>,
+    /// `reject` or `wait` (`reject` when left out), and how requests wait.
+    pub on_excess: Option<String>,
+    pub max_wait: Option<String>,
+    pub queue_limit: Option<u64>,
+    pub queue_order: Option<String>,
+    /// Requests waiting in the whole server (`sluice_http::DEFAULT_MAX_WAITERS` when left out).
+    pub max_waiters: Option<usize>,
+    pub accounts: BTreeMap<String, RawAccount>,
     /// A quota service asked for every key not in `accounts`.
     pub accounts_url: Option<String>,
     pub costs: Vec<RawCost>,
@@ -77,6 +84,11 @@ impl Default for RawConfig {
             capacity: None,
             headers: true,
             bypass: Vec::new(),
+            on_excess: None,
+            max_wait: None,
+            queue_limit: None,
+            queue_order: None,
+            max_waiters: None,
             accounts: BTreeMap::new(),
             accounts_url: None,
             costs: Vec::new(),
@@ -184,6 +196,70 @@ impl<'de> Deserialize<'de> for RawRules {
             fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<RawRules, A::Error> {
                 RawRulesService::deserialize(serde::de::value::MapAccessDeserializer::new(map))
                     .map(RawRules::Service)
+            }
+        }
+        deserializer.deserialize_any(Either)
+    }
+}
+
+/// How an account's (or the server's) requests over their quota are treated; a field left out
+/// is the server's.
+#[derive(Debug, Default)]
+pub(super) struct RawWait {
+    pub on_excess: Option<String>,
+    pub max_wait: Option<String>,
+    pub queue_limit: Option<u64>,
+    pub queue_order: Option<String>,
+}
+
+/// An account as written: its quota, or `{quota, on_excess, max_wait, queue_limit,
+/// queue_order}`.
+#[derive(Debug)]
+pub(super) struct RawAccount {
+    pub quota: String,
+    pub wait: Option<RawWait>,
+}
+
+/// `{quota, ...}`: an account with its own way of waiting.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAccountMap {
+    quota: String,
+    #[serde(default)]
+    on_excess: Option<String>,
+    #[serde(default)]
+    max_wait: Option<String>,
+    #[serde(default)]
+    queue_limit: Option<u64>,
+    #[serde(default)]
+    queue_order: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for RawAccount {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Either;
+        impl<'de> serde::de::Visitor<'de> for Either {
+            type Value = RawAccount;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a quota (COUNT/PERIOD [burst N]), or {quota, on_excess, max_wait, queue_limit, queue_order}")
+            }
+            fn visit_str<E: serde::de::Error>(self, quota: &str) -> Result<RawAccount, E> {
+                Ok(RawAccount {
+                    quota: quota.to_owned(),
+                    wait: None,
+                })
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<RawAccount, A::Error> {
+                let account = RawAccountMap::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                Ok(RawAccount {
+                    quota: account.quota,
+                    wait: Some(RawWait {
+                        on_excess: account.on_excess,
+                        max_wait: account.max_wait,
+                        queue_limit: account.queue_limit,
+                        queue_order: account.queue_order,
+                    }),
+                })
             }
         }
         deserializer.deserialize_any(Either)

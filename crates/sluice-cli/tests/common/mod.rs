@@ -316,6 +316,25 @@ impl Client {
         self.read_response()
     }
 
+    /// Sends a GET of `/` as `account` without waiting for its answer ([`Self::response`]).
+    pub fn send_as(&mut self, account: &str) {
+        let head = format!(
+            "GET / HTTP/1.1\r\nHost: {}\r\nX-Account-ID: {account}\r\n\r\n",
+            self.host
+        );
+        self.reader.get_mut().write_all(head.as_bytes()).unwrap();
+    }
+
+    /// The answer to the request sent last.
+    pub fn response(&mut self) -> Response {
+        self.read_response()
+    }
+
+    /// The socket, to shut it down or read it raw.
+    pub fn stream(&self) -> &TcpStream {
+        self.reader.get_ref()
+    }
+
     fn read_response(&mut self) -> Response {
         let mut status_line = String::new();
         self.reader.read_line(&mut status_line).unwrap();
