@@ -400,6 +400,28 @@ mod tests {
     }
 
     #[test]
+    fn excess_requests_wait_by_the_servers_policy_unless_an_account_says_otherwise() {
+        use sluice::{QueueOrder, WaitPolicy};
+        let s = parse("{}").unwrap();
+        assert_eq!(s.excess.default, WaitPolicy::reject());
+        assert_eq!(s.excess.max_waiters, sluice_http::DEFAULT_MAX_WAITERS);
+        let s = parse(
+            "on_excess: wait\nmax_wait: 500ms\nqueue_order: newest_first\nmax_waiters: 7\naccounts:\n  \
+             a: 1/s\n  b: {quota: 2/s, queue_limit: 3}\n  c: {quota: 3/s, on_excess: reject}\n",
+        )
+        .unwrap();
+        let server = WaitPolicy::wait_up_to(Duration::from_millis(500))
+            .with_queue_limit(DEFAULT_QUEUE_LIMIT)
+            .with_queue_order(QueueOrder::NewestFirst);
+        assert_eq!(s.excess.default, server);
+        assert_eq!(s.excess.max_waiters, 7);
+        assert_eq!(s.excess.by_account.len(), 2, "a waits as the server does");
+        assert_eq!(s.excess.by_account["b"], server.with_queue_limit(3));
+        assert_eq!(s.excess.by_account["c"], WaitPolicy::reject());
+        assert_eq!(s.accounts["b"], "2/s".parse().unwrap());
+    }
+
+    #[test]
     fn errors_name_the_field() {
         let cases = [
             ("accounts:\n  alice: 1/x\n", "accounts.alice"),
@@ -423,6 +445,15 @@ mod tests {
             ("ipv6_prefix: 300\n", "ipv6_prefix"),
             ("ipv6_prefix: -1\n", "ipv6_prefix"),
             ("ipv6_prefix: wide\n", "ipv6_prefix"),
+            ("on_excess: queue\n", "on_excess"),
+            ("max_wait: 0s\n", "max_wait"),
+            ("max_wait: 2h\n", "max_wait"),
+            ("queue_limit: 0\n", "queue_limit"),
+            ("queue_order: fifo\n", "queue_order"),
+            ("max_waiters: 0\n", "max_waiters"),
+            ("accounts:\n  a: {quota: 1/s, max_wait: soon}\n", "accounts.a.max_wait"),
+            ("accounts:\n  a: {quota: 1/x, on_excess: wait}\n", "accounts.a.quota"),
+            ("accounts:\n  a: {quota: 1/s, on_exces: wait}\n", "accounts.a.on_exces"),
             ("costs:\n  - {path: /a%2Fb, cost: 2}\n", "costs[0].path"),
             ("costs:\n  - {path: /a%zz, cost: 2}\n", "costs[0].path"),
             ("costs:\n  - {path: api, cost: 2}\n", "costs[0].path"),
