@@ -56,3 +56,46 @@ fn loadtest_without_a_target_says_what_to_give() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("--url"), "{stderr}");
 }
+
+#[test]
+fn a_client_offering_twice_its_quota_with_on_excess_wait_is_served_its_quota_all_200() {
+    let bench = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/wait");
+    let dir = TempDir::new();
+    let out = dir.path().join("run");
+    let output = sluice()
+        .args([
+            "loadtest",
+            "--spawn",
+            "--duration",
+            "4s",
+            "--trials",
+            "1",
+            "--no-progress",
+        ])
+        .args(["--config", &format!("{bench}/sluice.yaml")])
+        .args(["--profiles", &format!("{bench}/profiles.yaml")])
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stdout}\n{stderr}");
+    let tsv = std::fs::read_to_string(out.join("results.tsv")).unwrap();
+    let mut lines = tsv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split('\t').collect();
+    let column = |row: &[&str], name: &str| -> u64 {
+        let i = header.iter().position(|h| *h == name).unwrap();
+        row[i].parse::<f64>().unwrap() as u64
+    };
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split('\t').collect()).collect();
+    let waiter = rows.iter().find(|r| r[0] == "waiter").unwrap();
+    let rejecter = rows.iter().find(|r| r[0] == "rejecter").unwrap();
+    // Its excess waited: nothing refused, every answer within max_wait (1 s).
+    assert_eq!(column(waiter, "requests denied"), 0, "{tsv}");
+    assert!(column(waiter, "requests allowed") >= 30, "{tsv}");
+    assert!(column(waiter, "max latency (us)") < 1_000_000, "{tsv}");
+    // The same load refused instead: about half denied.
+    assert!(column(rejecter, "requests denied") > 0, "{tsv}");
+    assert!(stdout.contains("waiter") && !stdout.contains("FAIL"), "{stdout}");
+}

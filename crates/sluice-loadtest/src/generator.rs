@@ -21,6 +21,8 @@ const CONNECT_LEAD: Duration = Duration::from_millis(100);
 const GRACE: Duration = Duration::from_secs(10);
 /// Pause after a failed connect, so a dead server is not hammered.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(10);
+/// The longest pause between a paced connection's requests (a rate too small to matter).
+const MAX_PACE_SECS: f64 = 3600.0;
 /// Latencies are recorded in microseconds up to this (longer ones are clamped).
 const MAX_LATENCY_US: u64 = 60_000_000;
 /// At most this many time buckets per trial (so long trials keep memory bounded).
@@ -131,11 +133,18 @@ pub(crate) async fn run(
         let start = Instant::now() + CONNECT_LEAD;
         let mut tasks = JoinSet::new();
         for (index, template) in templates.iter().enumerate() {
-            for _ in 0..plan.connections[index] {
+            let connections = plan.connections[index];
+            // Each connection's share of the profile's offered rate: one request per `every`.
+            let every = set.profiles[index]
+                .offered
+                .map(|rate| Duration::from_secs_f64((f64::from(connections) / rate).min(MAX_PACE_SECS)));
+            for n in 0..connections {
                 let (target, template, done) = (Arc::clone(&target), Arc::clone(template), Arc::clone(&done));
                 let duration = plan.duration;
+                // Paced connections take turns evenly, not all at once.
+                let first_turn = start + every.map_or(Duration::ZERO, |e| e * n / connections);
                 tasks.spawn(async move {
-                    let stats = drive(&target, &template, start, duration, &done).await;
+                    let stats = drive(&target, &template, start, first_turn, duration, every, &done).await;
                     (index, stats)
                 });
             }
@@ -175,14 +184,18 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// One connection's loop: send, read, count, until the deadline.
+/// One connection's loop: send, read, count, until the deadline; with `every`, the next
+/// request waits for its turn (one per `every` from the start) if its last came back sooner.
 async fn drive(
     target: &Target,
     template: &Template,
     start: Instant,
+    first_turn: Instant,
     duration: Duration,
+    every: Option<Duration>,
     done: &AtomicU64,
 ) -> ProfileTrial {
+    let mut turn = first_turn;
     let deadline = start + duration;
     let mut stats = ProfileTrial::new(duration);
     let hard_stop = deadline + GRACE;
@@ -199,6 +212,10 @@ async fn drive(
             connection = connect(target, &mut stats, deadline).await;
             continue;
         };
+        if let Some(every) = every {
+            tokio::time::sleep_until(turn).await;
+            turn = Instant::now().max(turn + every);
+        }
         template.write(&mut request, &mut numbers);
         let sent = Instant::now();
         if sent >= deadline {

@@ -122,6 +122,10 @@ pub struct Profile {
     pub expected: Expected,
     /// Connections for this profile (else `--connections`).
     pub connections: Option<u32>,
+    /// Requests per second this profile offers over all its connections, each sending its
+    /// next request when its turn comes or its last is answered, whichever is later (else
+    /// each sends as fast as it is answered).
+    pub offered: Option<f64>,
 }
 
 /// A set of profiles run together, and the header that carries the account.
@@ -135,6 +139,7 @@ pub struct Profile {
 ///     header: alice@example.com      # omit for no header
 ///     expected: 1                    # per second; or "1.1/s", "10/min"; or "unlimited"
 ///     connections: 4                 # optional
+///     offered: 2/s                   # optional: paced to this rate over its connections
 ///   - name: invalidN@example.com
 ///     header: "invalid{n}@example.com"   # {n}: a new number on every request
 ///     expected: 20/s                     # the server's failsafe pool (or unlimited, without)
@@ -168,6 +173,7 @@ impl ProfileSet {
             account: Account::Fixed(format!("{name}@example.com")),
             expected: Expected::Rate(rate),
             connections: None,
+            offered: None,
         };
         let mut profiles = vec![
             // An account the server does not know: quota 0 once its fetch completes.
@@ -179,12 +185,14 @@ impl ProfileSet {
                 account: Account::from_header(Some("invalid{n}@example.com".into())),
                 expected: Expected::Rate(DEMO_FAILSAFE_POOL),
                 connections: None,
+                offered: None,
             },
             Profile {
                 name: "ANONYMOUS".into(),
                 account: Account::None,
                 expected: Expected::Rate(0.1),
                 connections: None,
+                offered: None,
             },
         ];
         for (name, rate) in [
@@ -205,6 +213,7 @@ impl ProfileSet {
             account: Account::Fixed("admin@example.com".into()),
             expected: Expected::Unlimited,
             connections: None,
+            offered: None,
         });
         ProfileSet {
             header_name: DEFAULT_HEADER_NAME.into(),
@@ -284,11 +293,20 @@ impl ProfileSet {
                 ));
             }
             let expected = expected_of(&p.expected).map_err(|e| format!("{}: {e}", field("expected")))?;
+            let offered = match &p.offered {
+                None => None,
+                Some(rate) => match expected_of(rate) {
+                    Ok(Expected::Rate(r)) if r > 0.0 => Some(r),
+                    Ok(_) => return Err(format!("{}: must be a rate above 0", field("offered"))),
+                    Err(e) => return Err(format!("{}: {e}", field("offered"))),
+                },
+            };
             profiles.push(Profile {
                 name: p.name,
                 account: Account::from_header(p.header),
                 expected,
                 connections: p.connections,
+                offered,
             });
         }
         Ok(ProfileSet {
@@ -315,6 +333,8 @@ struct FileProfile {
     expected: RateText,
     #[serde(default)]
     connections: Option<u32>,
+    #[serde(default)]
+    offered: Option<RateText>,
 }
 
 #[derive(Deserialize)]

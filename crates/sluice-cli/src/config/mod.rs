@@ -451,9 +451,18 @@ mod tests {
             ("queue_limit: 0\n", "queue_limit"),
             ("queue_order: fifo\n", "queue_order"),
             ("max_waiters: 0\n", "max_waiters"),
-            ("accounts:\n  a: {quota: 1/s, max_wait: soon}\n", "accounts.a.max_wait"),
-            ("accounts:\n  a: {quota: 1/x, on_excess: wait}\n", "accounts.a.quota"),
-            ("accounts:\n  a: {quota: 1/s, on_exces: wait}\n", "accounts.a.on_exces"),
+            (
+                "accounts:\n  a: {quota: 1/s, max_wait: soon}\n",
+                "accounts.a.max_wait",
+            ),
+            (
+                "accounts:\n  a: {quota: 1/x, on_excess: wait}\n",
+                "accounts.a.quota",
+            ),
+            (
+                "accounts:\n  a: {quota: 1/s, on_exces: wait}\n",
+                "accounts.a.on_exces",
+            ),
             ("costs:\n  - {path: /a%2Fb, cost: 2}\n", "costs[0].path"),
             ("costs:\n  - {path: /a%zz, cost: 2}\n", "costs[0].path"),
             ("costs:\n  - {path: api, cost: 2}\n", "costs[0].path"),

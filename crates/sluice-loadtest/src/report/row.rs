@@ -171,7 +171,11 @@ impl TrialRow {
     pub(crate) fn new(profile: &Profile, trial: u32, counts: &ProfileTrial, settle: Duration) -> Self {
         let secs = counts.elapsed.as_secs_f64();
         let per_second = |n: u64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
-        let window = SteadyWindow::of(counts, settle);
+        let offered_over_quota = match profile.expected {
+            Expected::Rate(rate) => profile.offered.is_some_and(|offered| offered > rate),
+            Expected::Unlimited => false,
+        };
+        let window = SteadyWindow::of(counts, settle, offered_over_quota);
         let sum =
             |v: &[u64], range: std::ops::Range<usize>| v.get(range).map_or(0, |b| b.iter().sum::<u64>());
         let steady_allowed = sum(&counts.allowed_by_bucket, window.buckets.clone());
@@ -265,6 +269,7 @@ mod tests {
             account: crate::Account::None,
             expected: Expected::Rate(1000.0),
             connections: None,
+            offered: None,
         };
         // A burst before 2 ms, denials from 3 ms to 7 ms, one more allowed at 8 ms.
         let c = counts(

@@ -50,8 +50,10 @@ impl fmt::Display for Verdict {
 /// was used up, so what was allowed in between is what the quota granted in that time, whatever
 /// burst or failsafe quota came before, and however unevenly the load arrived meanwhile. With
 /// no denial after the settling time, the limit was not reached: the window runs from the
-/// settling time to the trial's end and only shows the load. Both ends are bucket boundaries,
-/// so the counts are exact.
+/// settling time to the trial's end and only shows the load, unless the profile offered more
+/// than its quota (`offered`) and was never refused: its excess waited at the server, and that
+/// window measures the rate it was served at. Both ends are bucket boundaries, so the counts
+/// are exact.
 pub(super) struct SteadyWindow {
     pub buckets: std::ops::Range<usize>,
     pub start: Duration,
@@ -60,7 +62,7 @@ pub(super) struct SteadyWindow {
 }
 
 impl SteadyWindow {
-    pub fn of(counts: &ProfileTrial, settle: Duration) -> Self {
+    pub fn of(counts: &ProfileTrial, settle: Duration, offered_over_quota: bool) -> Self {
         let at =
             |bucket: usize| (counts.bucket * u32::try_from(bucket).unwrap_or(u32::MAX)).min(counts.length);
         let settle_bucket =
@@ -92,7 +94,7 @@ impl SteadyWindow {
                 buckets: settle_bucket..counts.allowed_by_bucket.len(),
                 start: at(settle_bucket),
                 end: counts.length,
-                saturated: false,
+                saturated: offered_over_quota && counts.denied == 0,
             },
         }
     }
