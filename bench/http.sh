@@ -20,8 +20,12 @@
 # WORKERS=all each runs one per core (sluice's default, nginx `worker_processes auto`), and
 # both then share their cores with wrk.
 #
-# Usage: bench/http.sh [ROUNDS]   (default 5; DURATION=10s, CONNECTIONS=100, WORKERS=1 in the
-# environment)
+# With BASELINE=REV (a git revision) the same run also measures that revision's sluice
+# (built into target/baseline) on the admitted and denied cases, so a change's cost is a
+# ratio taken in one run: `BASELINE=HEAD~3 bench/http.sh`.
+#
+# Usage: bench/http.sh [ROUNDS]   (default 5; DURATION=10s, CONNECTIONS=100, WORKERS=1,
+# BASELINE in the environment)
 # Installs wrk and nginx from Debian if missing (needs root or sudo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -67,6 +71,18 @@ start_sluice sluice-no-fields
 NO_FIELDS_URL=$url; no_fields_pid=$pid
 start_sluice sluice-metrics
 METRICS_URL=$url; metrics_pid=$pid
+if [ -n "${BASELINE:-}" ]; then
+  # The revision's sources, built in a target directory of their own (kept between runs).
+  mkdir -p "$tmp/baseline-src"
+  git archive "$BASELINE" | tar -x -C "$tmp/baseline-src"
+  CARGO_TARGET_DIR="$PWD/target/baseline" cargo build --release -q -p sluice-cli \
+    --manifest-path "$tmp/baseline-src/Cargo.toml"
+  cp "$tmp/sluice.yaml" "$tmp/baseline.yaml"
+  SLUICE_NOW=$SLUICE; SLUICE=target/baseline/release/sluice
+  start_sluice baseline
+  BASELINE_URL=$url; baseline_pid=$pid
+  SLUICE=$SLUICE_NOW
+fi
 
 # nginx: $nginx_workers worker(s), no logs, the same two answers as sluice.
 mkdir -p "$tmp/nginx/logs" "$tmp/nginx/html"
@@ -112,6 +128,12 @@ cases=(
   "nginx no limit|http://127.0.0.1:$NGINX_PORT/|alice@example.com|$nginx_workers_pids"
   "... denied, metrics on|$METRICS_URL/|alice@example.com|$metrics_pid"
 )
+if [ -n "${BASELINE:-}" ]; then
+  cases+=(
+    "$BASELINE: admitted|$BASELINE_URL/|bench@example.com|$baseline_pid"
+    "$BASELINE: denied|$BASELINE_URL/|alice@example.com|$baseline_pid"
+  )
+fi
 
 # Warm up each target once, then measure in interleaved rounds so drift hits all alike.
 for c in "${cases[@]}"; do
@@ -158,3 +180,12 @@ metrics_cost=$(awk '$1 == 2 {off[$6] = $2} $1 == 6 {on[$6] = $2} END {for (r in 
   "$tmp/results" | median)
 echo
 echo "denied req/s with metrics on / off (median over rounds): $metrics_cost"
+if [ -n "${BASELINE:-}" ]; then
+  # This build over the baseline's, within each round: admitted (case 0 / 7), denied (2 / 8).
+  for pair in "admitted 0 7" "denied 2 8"; do
+    read -r what now base <<<"$pair"
+    ratio=$(awk -v a="$now" -v b="$base" '$1 == a {x[$6] = $2} $1 == b {y[$6] = $2} END {for (r in x) print x[r] / y[r]}' \
+      "$tmp/results" | median)
+    echo "$what req/s, this build / $BASELINE (median over rounds): $ratio"
+  done
+fi

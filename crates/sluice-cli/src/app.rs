@@ -7,11 +7,15 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
+use sluice::Quota;
 use sluice_descriptors::{DomainRules, RuleSet};
-use sluice_http::{BuildError, RateLimit, RateLimitLayer, RouteCosts, TrustedProxies, WaitRoom};
+use sluice_http::{
+    BuildError, CheckFuture, LimitBackend, RateLimit, RateLimitLayer, RouteCosts, TrustedProxies, WaitRoom,
+};
 use sluice_redis::{RedisOptions, RedisStore};
 use sluice_service::{
     CounterSettings, Engine, EngineSettings, LayerBackend, RedisCounters, ValueQuotaSource, ValueQuotas,
@@ -143,6 +147,29 @@ pub struct App {
     /// The queues of requests waiting for capacity: kept across reloads, so waiters keep
     /// their places and the bound on them holds for the whole server.
     room: Arc<WaitRoom>,
+    /// The engine every generation's layer asks: kept across reloads and pointed at the new
+    /// engine when a reload is done, so requests that wait ask the running engine, not the
+    /// one it replaced (which, after a migration, denies the keys it gave away).
+    current: Arc<ArcSwap<LayerBackend>>,
+}
+
+/// A [`LimitBackend`] that asks whichever engine is running now.
+struct CurrentBackend(Arc<ArcSwap<LayerBackend>>);
+
+impl LimitBackend for CurrentBackend {
+    #[inline]
+    fn check(&self, key: &str, cost: u64) -> CheckFuture {
+        self.0.load().check(key, cost)
+    }
+
+    fn quota(&self, key: &str) -> Option<Quota> {
+        self.0.load().quota(key)
+    }
+
+    #[inline]
+    fn check_quoted(&self, key: &str, cost: u64) -> (CheckFuture, Option<Quota>) {
+        self.0.load().check_quoted(key, cost)
+    }
 }
 
 impl App {
@@ -191,8 +218,26 @@ impl App {
                 Engine::on_redis(rules, engine_settings, counters)?
             }
         };
+        let engine = Arc::new(engine);
         let room = Arc::new(WaitRoom::new(settings.excess.max_waiters));
-        Self::with_engine(settings, Arc::new(engine), room)
+        let current = Arc::new(ArcSwap::from_pointee(accounts_backend(&engine)));
+        Self::with_engine(settings, engine, room, current)
+    }
+
+    /// The app that replaces `self` on a reload: the same waiters and current engine.
+    fn next(&self, settings: &Settings, engine: Arc<Engine>) -> Result<Self, AppError> {
+        Self::with_engine(
+            settings,
+            engine,
+            Arc::clone(&self.room),
+            Arc::clone(&self.current),
+        )
+    }
+
+    /// Points every generation's layer at this app's engine: the last step of a reload.
+    fn take_over(self) -> Self {
+        self.current.store(Arc::new(accounts_backend(&self.engine)));
+        self
     }
 
     /// The app for changed settings, keeping every held count where it can:
@@ -213,7 +258,7 @@ impl App {
     ) -> Result<(Self, Reloaded), AppError> {
         let (old, new) = (&self.limiter_settings, &settings.limiter);
         if new == old {
-            let app = Self::with_engine(settings, Arc::clone(&self.engine), Arc::clone(&self.room))?;
+            let app = self.next(settings, Arc::clone(&self.engine))?;
             // Last, once nothing can fail.
             self.engine.reload(accounts_rules(settings)?)?;
             return Ok((app, Reloaded::Kept));
@@ -227,7 +272,7 @@ impl App {
             _ if old.algorithm != new.algorithm => afresh("another algorithm"),
             (None, None) => {
                 let engine = Engine::new(accounts_rules(settings)?, engine_settings(new)?)?;
-                let app = Self::with_engine(settings, Arc::new(engine), Arc::clone(&self.room))?;
+                let app = self.next(settings, Arc::new(engine))?;
                 // Last, once nothing can fail: the keys leave the running engine.
                 let reloaded = match self.engine.migrate_into(&app.engine) {
                     Some(migrated) => Reloaded::Migrated {
@@ -236,7 +281,7 @@ impl App {
                     },
                     None => afresh("the running engine cannot hand its keys over"),
                 };
-                return Ok((app, reloaded));
+                return Ok((app.take_over(), reloaded));
             }
             (Some(a), Some(b)) if (&a.url, &a.cluster, &a.prefix) == (&b.url, &b.cluster, &b.prefix) => {
                 Reloaded::Shared {
@@ -248,13 +293,17 @@ impl App {
             (Some(_), None) => afresh("from Redis to memory"),
         };
         let app = Self::new(settings, url_field).await?;
-        let app = Self::with_engine(settings, app.engine, Arc::clone(&self.room))?;
-        Ok((app, reloaded))
+        let app = self.next(settings, app.engine)?;
+        Ok((app.take_over(), reloaded))
     }
 
-    fn with_engine(settings: &Settings, engine: Arc<Engine>, room: Arc<WaitRoom>) -> Result<Self, AppError> {
-        let backend = LayerBackend::new(Arc::clone(&engine), ACCOUNTS_DOMAIN, ACCOUNT_KEY);
-        let layer = RateLimitLayer::builder(backend)
+    fn with_engine(
+        settings: &Settings,
+        engine: Arc<Engine>,
+        room: Arc<WaitRoom>,
+        current: Arc<ArcSwap<LayerBackend>>,
+    ) -> Result<Self, AppError> {
+        let layer = RateLimitLayer::builder(CurrentBackend(Arc::clone(&current)))
             .key(settings.key_parts.iter().cloned())
             .default_key(settings.default_key.clone())
             .max_key_len(settings.max_key_len)
@@ -277,8 +326,14 @@ impl App {
             limiter_settings: settings.limiter.clone(),
             engine,
             room,
+            current,
         })
     }
+}
+
+/// The layer's backend on `engine`: each request's key is an account.
+fn accounts_backend(engine: &Arc<Engine>) -> LayerBackend {
+    LayerBackend::new(Arc::clone(engine), ACCOUNTS_DOMAIN, ACCOUNT_KEY)
 }
 
 /// The accounts map as rules of one domain: each account's quota for its own value of the

@@ -439,6 +439,7 @@ struct StartOnly {
     max_connections: Option<usize>,
     max_header_bytes: usize,
     max_headers: usize,
+    max_waiters: usize,
     admin: Option<SocketAddr>,
 }
 
@@ -450,6 +451,7 @@ impl StartOnly {
             max_connections: settings.max_connections,
             max_header_bytes: settings.max_header_bytes,
             max_headers: settings.max_headers,
+            max_waiters: settings.excess.max_waiters,
             admin: settings.admin,
         }
     }
@@ -468,6 +470,9 @@ impl StartOnly {
         }
         if self.max_headers != other.max_headers {
             changed.push("max_headers");
+        }
+        if self.max_waiters != other.max_waiters {
+            changed.push("max_waiters");
         }
         if self.admin != other.admin {
             changed.push("admin");

@@ -66,6 +66,7 @@ accounts:
   patient: {quota: 1/s burst 1, max_wait: 2500ms, queue_limit: 2}
   short: {quota: 1/s burst 1, queue_limit: 1}
   hasty: {quota: 1/s burst 1, on_excess: reject}
+  glacial: {quota: 12/min burst 1, max_wait: 30s}
 ";
 
 #[test]
@@ -222,4 +223,31 @@ max_waiters: 20000
     wait_until("every waiter to leave", || waiting(&server) == 0);
     // Still serving: a new key is admitted at once.
     assert_eq!(warm.as_account(Some("fresh")).status, 200);
+}
+
+#[test]
+fn a_reload_keeps_the_waiters_in_their_places() {
+    let dir = TempDir::new();
+    let file = dir.write("sluice.yaml", WAIT);
+    let server = Server::start(&["--config", file.to_str().unwrap()]);
+    // glacial: one every 5 s.
+    assert_eq!(server.client().as_account(Some("glacial")).status, 200);
+    let mut first = queue_one(&server, "glacial", 0);
+    let first_joined = Instant::now();
+    // A new limiter (another failsafe quota): the held counts move to it, and the waiter,
+    // which joined under the old one, is served by the new one in its turn.
+    dir.write("sluice.yaml", &format!("{WAIT}failsafe: 5/s\nmax_waiters: 5\n"));
+    server.wait_for_log("sluice.yaml: config reloaded; limiter settings changed");
+    server.wait_for_log("max_waiters changed; read at start only");
+    let mut second = queue_one(&server, "glacial", 1);
+    let second_joined = Instant::now();
+    let (a, b) = (first.response(), second.response());
+    assert_eq!((a.status, b.status), (200, 200), "{a:?}\n{b:?}");
+    // The second is served one interval (5 s) after the first: behind it, not ahead.
+    // How long ago each was served: since it joined, less its wait.
+    let a_ago = first_joined.elapsed().as_secs_f64() * 1e3 - waited_ms(&a);
+    let b_ago = second_joined.elapsed().as_secs_f64() * 1e3 - waited_ms(&b);
+    let apart = a_ago - b_ago;
+    assert!(apart > 4_900.0, "served {apart} ms apart: {a:?}\n{b:?}");
+    assert_eq!(metric(&server, "sluice_wait_outcomes_total", "late"), 0);
 }

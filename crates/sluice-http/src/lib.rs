@@ -42,6 +42,12 @@
 //! once; a remote store (the `sluice` binary puts `sluice-redis` there) answers through a
 //! [`CheckFuture`], and the request waits for it before reaching the inner service.
 //!
+//! A request over its quota may wait for capacity instead of being refused
+//! ([`RateLimitBuilder::on_excess`]): in its key's queue, holding only its place, within a
+//! `max_wait` it is refused at once if it cannot be served in, a queue limit per key and a
+//! bound on all waiters ([`WaitRoom`]). Its response says how long it waited in
+//! `Server-Timing: ratelimit-wait;dur=MILLISECONDS`.
+//!
 //! Hot path: building the key allocates nothing (a stack buffer when parts are joined or an
 //! address is printed), the only lock is the limiter's own, and the rate-limit fields are
 //! printed into one buffer.

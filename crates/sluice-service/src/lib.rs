@@ -5,6 +5,11 @@
 //! The engine ([`Engine`]) matches each descriptor of a request to its rule, counts it on a
 //! bounded keyed limiter of the rule's algorithm, and answers per descriptor and overall; by
 //! default a denied request consumes nothing ([`Counting`]). A reload keeps every counter.
+//!
+//! Both front ends answer at once and never hold a request for capacity: Envoy (and any
+//! caller of the check API) expects its answer now and decides itself what a denial means.
+//! Waiting for capacity is the HTTP layer's (`sluice_http`'s `on_excess`), in front of the
+//! engine through [`LayerBackend`].
 
 mod api;
 mod counters;
