@@ -72,11 +72,12 @@ NO_FIELDS_URL=$url; no_fields_pid=$pid
 start_sluice sluice-metrics
 METRICS_URL=$url; metrics_pid=$pid
 if [ -n "${BASELINE:-}" ]; then
-  # The revision's sources, built in a target directory of their own (kept between runs).
-  mkdir -p "$tmp/baseline-src"
-  git archive "$BASELINE" | tar -x -C "$tmp/baseline-src"
+  # The revision's sources and build, under target/baseline (kept between runs).
+  rev=$(git rev-parse --short "$BASELINE")
+  src="target/baseline/src-$rev"
+  [ -d "$src" ] || { mkdir -p "$src"; git archive "$rev" | tar -x -C "$src"; }
   CARGO_TARGET_DIR="$PWD/target/baseline" cargo build --release -q -p sluice-cli \
-    --manifest-path "$tmp/baseline-src/Cargo.toml"
+    --manifest-path "$src/Cargo.toml"
   cp "$tmp/sluice.yaml" "$tmp/baseline.yaml"
   SLUICE_NOW=$SLUICE; SLUICE=target/baseline/release/sluice
   start_sluice baseline

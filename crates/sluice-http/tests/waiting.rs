@@ -247,3 +247,54 @@ async fn a_request_that_never_fits_is_refused_at_once() {
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(room.waiters(), 0);
 }
+
+/// A backend that answers later, as a remote store does.
+struct Later(KeyedLimiter<String, TokenBucket, StaticQuotas<String>, TokioClock>);
+
+impl sluice_http::LimitBackend for Later {
+    fn check(&self, key: &str, cost: u64) -> sluice_http::CheckFuture {
+        let answer = self.0.check_n(key, cost);
+        sluice_http::CheckFuture::pending(async move {
+            tokio::task::yield_now().await;
+            answer
+        })
+    }
+
+    fn quota(&self, key: &str) -> Option<sluice::Quota> {
+        self.0.quota_of(key)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_backend_that_answers_later_is_waited_for_then_queued_for() {
+    let quotas = StaticQuotas::from_iter([("alice".to_string(), "10/s burst 1".parse().unwrap())]);
+    let limiter = KeyedLimiter::builder(TokenBucket, "1/s".parse().unwrap())
+        .source(quotas)
+        .clock(TokioClock::new())
+        .build()
+        .unwrap();
+    let room = Arc::new(WaitRoom::new(100));
+    let mut service = RateLimitLayer::builder(Later(limiter))
+        .key([KeyPart::Header(http::HeaderName::from_static("x-account-id"))])
+        .on_excess(wait_up_to(1_000))
+        .wait_room(Arc::clone(&room))
+        .build()
+        .unwrap()
+        .layer(Hello);
+    let answers: Vec<Answer> = (0..3).map(|_| ask(&mut service, "alice")).collect();
+    let done = finish_times(answers).await;
+    let statuses: Vec<_> = done.iter().map(|(_, r)| r.status()).collect();
+    assert_eq!(statuses, [StatusCode::OK; 3]);
+    assert_eq!(header(&done[0].1, "server-timing"), None, "admitted on the first answer");
+    // The two denied join the queue in the order their first answers came back (the same
+    // instant here): one is served one interval on, the other two.
+    let mut waited: Vec<Duration> = done[1..].iter().map(|(at, _)| *at).collect();
+    waited.sort();
+    for (i, at) in waited.iter().enumerate() {
+        let due = Duration::from_millis(100 * (i as u64 + 1));
+        assert!(*at >= due && *at <= due + Duration::from_millis(2), "{waited:?}");
+    }
+    assert!(done[1..].iter().all(|(_, r)| header(r, "server-timing").is_some()));
+    assert_eq!(room.counts().served, 2);
+    assert_eq!(room.waiters(), 0);
+}
