@@ -280,7 +280,7 @@ impl WaitRoom {
         } else {
             let head = queue.waiters.front().map_or(0, |w| w.cost);
             let after_head = (queue.queued - head).saturating_add(cost);
-            queue.head_due.saturating_duration_since(now) + paid(after_head, interval)
+            (queue.head_due.saturating_duration_since(now)).saturating_add(paid(after_head, interval))
         };
         if policy.timeout().is_some_and(|max| wait > max) {
             return Err(Refusal::TooLong(wait));
@@ -308,7 +308,7 @@ impl WaitRoom {
         });
         queue.queued += cost;
         if queue.waiters.len() == 1 || order == QueueOrder::NewestFirst {
-            queue.head_due = now + wait;
+            queue.head_due = later(now, wait);
         }
         if order == QueueOrder::NewestFirst {
             let evicted = queue.make_room(limit, interval, now);
@@ -380,6 +380,14 @@ impl WaitRoom {
     }
 }
 
+/// Far enough to mean "never" (tokio's own far future is about 30 years).
+const FAR: Duration = Duration::from_secs(86_400 * 365 * 30);
+
+/// `wait` after `now`, or far away when that cannot be represented.
+fn later(now: Instant, wait: Duration) -> Instant {
+    now.checked_add(wait).unwrap_or_else(|| now + FAR)
+}
+
 /// The time `units` take to refill at one unit per `interval` (none known: nothing).
 fn paid(units: u64, interval: Option<Duration>) -> Duration {
     interval.map_or(Duration::ZERO, |per| {
@@ -438,7 +446,7 @@ impl KeyQueue {
             index -= 1;
             let waiter = &self.waiters[index];
             ahead = ahead.saturating_add(waiter.cost);
-            let served = self.head_due.max(now) + paid(ahead, interval);
+            let served = later(self.head_due.max(now), paid(ahead, interval));
             if waiter.deadline.is_some_and(|d| served > d)
                 && let Some(late) = self.waiters.remove(index)
             {
@@ -485,11 +493,13 @@ pub(crate) type Settled = (Answer, Duration);
 
 /// Waits for `ticket`'s turn, then asks `backend` for `cost` until granted; refused (with the
 /// limit's last denial, its retry-after as estimated) when its deadline cannot be met or it is
-/// evicted. `denial` is the limit's answer that sent it to the queue, if it was asked.
+/// evicted. `denial` is the limit's answer that sent it to the queue, if it was asked;
+/// `limit` the quota's capacity, for a refusal made up without one.
 pub(crate) async fn wait_turn(
     mut ticket: Ticket,
     backend: Arc<dyn LimitBackend>,
     cost: u64,
+    limit: u64,
     deadline: Option<Duration>,
     mut denial: Option<Decision>,
 ) -> Settled {
@@ -529,7 +539,7 @@ pub(crate) async fn wait_turn(
             // Evicted or out of time: when the limit could serve it, as far as it is known.
             let retry = retry.or(denial.map(|d| d.retry_after())).unwrap_or_default();
             ticket.room.count(LATE);
-            return (Ok(refused(denial, cost, retry)), start.elapsed());
+            return (Ok(refused(denial, limit, retry)), start.elapsed());
         }
         let answer = backend.check(&ticket.key, cost).await;
         match answer {
@@ -541,7 +551,7 @@ pub(crate) async fn wait_turn(
             }
             Ok(decision) => {
                 let now = Instant::now();
-                let due = now + decision.retry_after();
+                let due = later(now, decision.retry_after());
                 denial = Some(decision);
                 if deadline.is_some_and(|d| due > d) {
                     ticket.room.count(LATE);
@@ -603,10 +613,12 @@ pub(crate) fn after_check(
         let interval = unit_interval(backend.quota(&key));
         match room.join(&key, cost, &policy, Some(decision.retry_after()), interval) {
             Ok(ticket) => {
-                let (answer, _) = wait_turn(ticket, backend, cost, policy.timeout(), Some(decision)).await;
+                let limit = decision.limit();
+                let (answer, _) =
+                    wait_turn(ticket, backend, cost, limit, policy.timeout(), Some(decision)).await;
                 (answer, start.elapsed())
             }
-            Err(refusal) => (Ok(refused(Some(decision), cost, refusal.wait())), Duration::ZERO),
+            Err(refusal) => (Ok(refused(Some(decision), 0, refusal.wait())), Duration::ZERO),
         }
     })
 }

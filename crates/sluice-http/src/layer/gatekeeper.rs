@@ -140,14 +140,14 @@ impl Gatekeeper {
     ) -> Verdict {
         let interval = unit_interval(quota);
         let retry_after = denial.map(|d| d.retry_after());
+        let limit = quota.map_or(cost, |q| q.capacity());
         match excess.room.join(key, cost, &policy, retry_after, interval) {
             Ok(ticket) => {
                 let backend = Arc::clone(&self.backend);
-                let wait = WaitFuture::new(wait_turn(ticket, backend, cost, policy.timeout(), denial));
-                Verdict::Queue(wait, key.into())
+                let wait = wait_turn(ticket, backend, cost, limit, policy.timeout(), denial);
+                Verdict::Queue(WaitFuture::new(wait), key.into())
             }
             Err(refusal) => {
-                let limit = quota.map_or(cost, |q| q.capacity());
                 let denial = refused(denial, limit, refusal.wait());
                 Verdict::Decided(Admission::Deny(RateFields::new(&denial, quota)))
             }
