@@ -72,45 +72,50 @@ accounts:
 #[test]
 fn waited_requests_are_served_in_order_at_the_quotas_pace() {
     let (server, _dir) = start(WAIT);
+    // slow: 1/s burst 1, so the first is admitted at once and waiter k is due k seconds later.
+    let origin = Instant::now();
+    let ms = |at: Instant| at.duration_since(origin).as_secs_f64() * 1e3;
     let mut first = server.client();
-    let sent_first = Instant::now();
-    let answer = first.as_account(Some("alice"));
+    let answer = first.as_account(Some("slow"));
+    let admitted = (0.0, ms(Instant::now())); // when the first was admitted, at the latest
     assert_eq!(answer.status, 200);
     assert_eq!(answer.header("server-timing"), None, "served at once: {answer:?}");
-    // Five more, each queued before the next is sent: one interval (100 ms) apart they go.
-    let mut sent = Vec::new();
+    // Four more, each queued (the server says so) before the next is sent.
+    let mut joined = Vec::new();
     let mut clients = Vec::new();
-    for i in 0..5 {
-        sent.push(sent_first.elapsed());
-        clients.push(queue_one(&server, "alice", i));
+    for i in 0..4 {
+        let sent = ms(Instant::now());
+        clients.push(queue_one(&server, "slow", i));
+        joined.push((sent, ms(Instant::now())));
     }
+    // Each waiter's Server-Timing is its wait on the server's clock: joined plus waited is
+    // when it was served, within the window the client knows its joining in.
     let mut served = Vec::new();
     for (i, client) in clients.iter_mut().enumerate() {
         let answer = client.response();
         assert_eq!(answer.status, 200, "waiter {i}: {answer:?}");
-        served.push((sent_first.elapsed(), waited_ms(&answer)));
+        let waited = waited_ms(&answer);
+        served.push((joined[i].0 + waited, joined[i].1 + waited));
     }
-    // The limiter's schedule, on the server's clock: waiter i joined at about sent[i] and
-    // waited until the first's admission plus (i + 1) intervals. Its Server-Timing is that
-    // wait: checked within a few milliseconds (the send times are the client's).
-    let admitted = served[0].1 + sent[0].as_secs_f64() * 1e3 - 100.0;
-    for (i, (_, ms)) in served.iter().enumerate() {
-        let due = admitted + 100.0 * (i as f64 + 1.0) - sent[i].as_secs_f64() * 1e3;
-        assert!(
-            (ms - due).abs() < 15.0,
-            "waiter {i} waited {ms} ms, due after {due} ms: {served:?}"
+    // The limiter's schedule: waiter k is served k intervals after the first's admission,
+    // never sooner (2 ms: the timer's and the clocks' rounding), and late by no more than the
+    // server takes to wake it (100 ms, for a machine busy with other tests).
+    for (k, (earliest, latest)) in served.iter().enumerate() {
+        let due = (
+            admitted.0 + 1000.0 * (k as f64 + 1.0),
+            admitted.1 + 1000.0 * (k as f64 + 1.0),
         );
-    }
-    // In order, and never faster than the quota: one interval at least between answers.
-    for pair in served.windows(2) {
-        let gap = pair[1].0.saturating_sub(pair[0].0);
         assert!(
-            gap >= Duration::from_millis(99),
-            "answers {gap:?} apart: {served:?}"
+            *latest >= due.0 - 2.0,
+            "waiter {k} served at {earliest}..{latest} ms, due at {due:?}"
+        );
+        assert!(
+            *earliest <= due.1 + 100.0,
+            "waiter {k} served at {earliest}..{latest} ms, due at {due:?}"
         );
     }
     assert_eq!(waiting(&server), 0);
-    assert_eq!(metric(&server, "sluice_wait_outcomes_total", "served"), 5);
+    assert_eq!(metric(&server, "sluice_wait_outcomes_total", "served"), 4);
 }
 
 #[test]

@@ -285,7 +285,11 @@ async fn a_backend_that_answers_later_is_waited_for_then_queued_for() {
     let done = finish_times(answers).await;
     let statuses: Vec<_> = done.iter().map(|(_, r)| r.status()).collect();
     assert_eq!(statuses, [StatusCode::OK; 3]);
-    assert_eq!(header(&done[0].1, "server-timing"), None, "admitted on the first answer");
+    assert_eq!(
+        header(&done[0].1, "server-timing"),
+        None,
+        "admitted on the first answer"
+    );
     // The two denied join the queue in the order their first answers came back (the same
     // instant here): one is served one interval on, the other two.
     let mut waited: Vec<Duration> = done[1..].iter().map(|(at, _)| *at).collect();
@@ -294,7 +298,11 @@ async fn a_backend_that_answers_later_is_waited_for_then_queued_for() {
         let due = Duration::from_millis(100 * (i as u64 + 1));
         assert!(*at >= due && *at <= due + Duration::from_millis(2), "{waited:?}");
     }
-    assert!(done[1..].iter().all(|(_, r)| header(r, "server-timing").is_some()));
+    assert!(
+        done[1..]
+            .iter()
+            .all(|(_, r)| header(r, "server-timing").is_some())
+    );
     assert_eq!(room.counts().served, 2);
     assert_eq!(room.waiters(), 0);
 }
