@@ -306,3 +306,116 @@ async fn a_backend_that_answers_later_is_waited_for_then_queued_for() {
     assert_eq!(room.counts().served, 2);
     assert_eq!(room.waiters(), 0);
 }
+
+/// What a FIFO queue on an exact token bucket serves, request by request: when (ms after the
+/// start), or `None` for a refusal. A request is served at the earliest instant the bucket
+/// admits its cost after everyone accepted before it; it is refused when that is more than
+/// `max_wait` away, or when the cost still waiting at its arrival and its own pass
+/// `queue_limit`. Waiters due at an arrival's instant are served before it.
+fn fifo_bucket(burst: u64, max_wait: u64, queue_limit: u64, requests: &[(u64, u64)]) -> Vec<Option<u64>> {
+    const T: i64 = 100; // ms per unit at 10/s
+    let mut tat: i64 = 0;
+    let mut accepted: Vec<(u64, u64)> = Vec::new(); // (served at, cost)
+    let mut outcome = Vec::new();
+    for &(at, cost) in requests {
+        let earliest = (tat + (cost as i64 - burst as i64) * T).max(at as i64) as u64;
+        let waiting: u64 = accepted.iter().filter(|(s, _)| *s > at).map(|(_, c)| c).sum();
+        let refused = earliest > at && (earliest - at > max_wait || waiting + cost > queue_limit);
+        if refused {
+            outcome.push(None);
+        } else {
+            tat = tat.max(earliest as i64) + cost as i64 * T;
+            accepted.push((earliest, cost));
+            outcome.push(Some(earliest));
+        }
+    }
+    outcome
+}
+
+/// The same requests through the layer, on tokio's paused clock: when each was answered (ms
+/// after the start) and whether it was served.
+async fn through_the_layer(
+    burst: u64,
+    max_wait: u64,
+    queue_limit: u64,
+    requests: &[(u64, u64)],
+) -> (Vec<Option<u64>>, sluice_http::WaitCounts) {
+    let quota = format!("10/s burst {burst}");
+    let room = Arc::new(WaitRoom::new(1000));
+    let quotas = StaticQuotas::from_iter([("alice".to_string(), quota.parse().unwrap())]);
+    let start = Instant::now();
+    let limiter = KeyedLimiter::builder(TokenBucket, "1/s".parse().unwrap())
+        .source(quotas)
+        .clock(TokioClock::new())
+        .build()
+        .unwrap();
+    let costs = sluice_http::RouteCosts::new([
+        sluice_http::CostRule::new("/2", None, 2),
+        sluice_http::CostRule::new("/3", None, 3),
+    ]);
+    let mut service = RateLimitLayer::builder(limiter)
+        .key([KeyPart::Header(http::HeaderName::from_static("x-account-id"))])
+        .costs(costs)
+        .on_excess(wait_up_to(max_wait).with_queue_limit(queue_limit))
+        .wait_room(Arc::clone(&room))
+        .build()
+        .unwrap()
+        .layer(Hello);
+    let mut tasks = Vec::new();
+    for &(at, cost) in requests {
+        tokio::time::sleep_until(start + Duration::from_millis(at)).await;
+        // Let every waiter due now be served first.
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        let request = Request::builder()
+            .uri(format!("/{cost}"))
+            .header("x-account-id", "alice")
+            .body(())
+            .unwrap();
+        let answer: Answer = Box::pin(service.call(request));
+        tasks.push(tokio::spawn(async move {
+            let response = answer.await.unwrap();
+            let ms = start.elapsed().as_millis() as u64;
+            (response.status() == StatusCode::OK).then_some(ms)
+        }));
+    }
+    let mut outcome = Vec::new();
+    for task in tasks {
+        outcome.push(task.await.unwrap());
+    }
+    (outcome, room.counts())
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
+
+    /// Oldest-first waiting is exactly a FIFO queue on the bucket: every request accepted is
+    /// served when the model says, none waits only to be refused, and every one refused at
+    /// once could not have been served within its `max_wait` or its queue limit.
+    #[test]
+    fn oldest_first_waiting_matches_a_fifo_queue_on_the_bucket(
+        burst in 1u64..=3,
+        max_wait in proptest::sample::select(vec![150u64, 250, 450, 1000]),
+        queue_limit in 1u64..=6,
+        steps in proptest::collection::vec((0u64..=120, 1u64..=3), 1..=20),
+    ) {
+        let mut at = 0;
+        let requests: Vec<(u64, u64)> = steps
+            .iter()
+            .map(|&(gap, cost)| {
+                at += gap;
+                (at, cost.min(burst))
+            })
+            .collect();
+        let expected = fifo_bucket(burst, max_wait, queue_limit, &requests);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let (got, counts) = runtime.block_on(through_the_layer(burst, max_wait, queue_limit, &requests));
+        proptest::prop_assert_eq!(&got, &expected, "requests (ms, cost): {:?}", requests);
+        proptest::prop_assert_eq!(counts.late, 0);
+    }
+}
