@@ -14,21 +14,38 @@ use std::time::Duration;
 use hyper_util::server::graceful::GracefulConnection;
 use tokio::sync::{Notify, watch};
 
-/// The requests started on one connection, counted by its handler.
+/// The requests started and answered on one connection, counted by its handler.
 #[derive(Debug, Default)]
-pub struct Activity(AtomicU64);
+pub struct Activity {
+    started: AtomicU64,
+    answered: AtomicU64,
+}
 
 impl Activity {
     /// Counts a request. One connection's requests are handled one at a time, so a load and a
     /// store do (no locked instruction on the request path).
     pub fn started(&self) {
-        self.0
-            .store(self.0.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+        bump(&self.started);
+    }
+
+    /// Counts a request answered (its response made, to be written).
+    pub fn answered(&self) {
+        bump(&self.answered);
     }
 
     fn count(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+        self.started.load(Ordering::Relaxed)
     }
+
+    /// Whether a request is being answered: one waiting for capacity (`on_excess: wait`) may
+    /// take longer than the idle timeout, and must not be cut by it.
+    fn in_flight(&self) -> bool {
+        self.answered.load(Ordering::Relaxed) != self.count()
+    }
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.store(counter.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
 }
 
 /// The live connections: how many, and the signal that closes them.
@@ -84,7 +101,8 @@ impl Connections {
     }
 
     /// Drives `connection` to its end, closing it gracefully when it has started no request
-    /// (`activity`) for an idle period, or when [`Connections::shutdown`] is called; one that
+    /// (`activity`) for an idle period and none is being answered, or when
+    /// [`Connections::shutdown`] is called; one that
     /// has still not closed a period after that is dropped. So a client that opens a
     /// connection and sends nothing is closed after one to two periods, and one that sends a
     /// request head too slowly (slowloris) after two to three.
@@ -120,7 +138,7 @@ impl Connections {
                     }
                     () = idle.as_mut() => {
                         let now = activity.count();
-                        if now != seen {
+                        if now != seen || (activity.in_flight() && !closing) {
                             seen = now;
                         } else if !closing {
                             tracing::debug!("closing a connection idle for {idle_timeout:?}");

@@ -6,8 +6,10 @@ use std::future::Future;
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::task::Poll;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -419,7 +421,7 @@ type Body = http_body_util::Full<bytes::Bytes>;
 impl hyper::service::Service<Request<Incoming>> for Handler {
     type Response = http::Response<Body>;
     type Error = Infallible;
-    type Future = sluice_http::ResponseFuture<Hello, Incoming, Body>;
+    type Future = Answering;
 
     fn call(&self, mut request: Request<Incoming>) -> Self::Future {
         self.activity.started();
@@ -427,7 +429,40 @@ impl hyper::service::Service<Request<Incoming>> for Handler {
         if app.needs_peer {
             request.extensions_mut().insert(PeerAddr(self.peer));
         }
-        app.service.clone().call(request)
+        Answering {
+            future: app.service.clone().call(request),
+            activity: Some(Arc::clone(&self.activity)),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A request's answer, counted on its connection's [`Activity`] when made (or given up).
+    struct Answering {
+        #[pin]
+        future: sluice_http::ResponseFuture<Hello, Incoming, Body>,
+        activity: Option<Arc<Activity>>,
+    }
+
+    impl PinnedDrop for Answering {
+        fn drop(this: Pin<&mut Self>) {
+            if let Some(activity) = this.project().activity.take() {
+                activity.answered();
+            }
+        }
+    }
+}
+
+impl Future for Answering {
+    type Output = Result<http::Response<Body>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let answer = std::task::ready!(this.future.poll(cx));
+        if let Some(activity) = this.activity.take() {
+            activity.answered();
+        }
+        Poll::Ready(answer)
     }
 }
 

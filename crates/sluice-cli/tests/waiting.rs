@@ -256,3 +256,26 @@ fn a_reload_keeps_the_waiters_in_their_places() {
     assert!(apart > 4_900.0, "served {apart} ms apart: {a:?}\n{b:?}");
     assert_eq!(metric(&server, "sluice_wait_outcomes_total", "late"), 0);
 }
+
+#[test]
+fn a_request_may_wait_longer_than_the_idle_timeout() {
+    // Idle connections close after 1 s (2 s at most); glacial's waiter is due in 5 s.
+    let (server, _dir) = start(&format!("{WAIT}idle_timeout: 1s\n"));
+    assert_eq!(server.client().as_account(Some("glacial")).status, 200);
+    let mut waiter = queue_one(&server, "glacial", 0);
+    let answer = waiter.response();
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert!(waited_ms(&answer) > 4_000.0, "{answer:?}");
+    // An idle connection is still closed.
+    let mut idle = server.client();
+    let mut byte = [0u8; 1];
+    use std::io::Read;
+    let read = idle
+        .stream()
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .map(|()| {
+            let mut stream = idle.stream();
+            stream.read(&mut byte)
+        });
+    assert!(matches!(read, Ok(Ok(0))), "closed by the server: {read:?}");
+}
