@@ -11,8 +11,9 @@
 //! estimated when it joins as the head's next try plus the cost queued between the head and
 //! it, paid at the quota's rate. Under a token bucket (GCRA) with nobody else spending the
 //! key's capacity the estimate is the schedule itself; under a window algorithm it errs long
-//! (a window's burst serves faster than the rate). A waiter whose estimate went wrong (the
-//! quota changed, another server spent the key's capacity) is refused at its deadline.
+//! (a window's burst serves faster than the rate); with a backend that does not say the key's
+//! quota, only the head's wait is counted. A waiter whose estimate went wrong (the quota
+//! changed, another server spent the key's capacity) is refused at its deadline.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::{Future, poll_fn};
