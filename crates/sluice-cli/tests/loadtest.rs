@@ -5,25 +5,24 @@ mod common;
 
 use common::{TempDir, sluice};
 
-#[test]
-fn loadtest_spawns_the_server_and_writes_results_and_charts() {
+/// `sluice loadtest --spawn --trials 1 --no-progress ARGS --out DIR`: its output and the
+/// directory it wrote (removed when the `TempDir` goes).
+fn loadtest(args: &[&str]) -> (std::process::Output, TempDir, std::path::PathBuf) {
     let dir = TempDir::new();
     let out = dir.path().join("run");
     let output = sluice()
-        .args([
-            "loadtest",
-            "--spawn",
-            "--profiles",
-            "demo",
-            "--duration",
-            "3s",
-            "--trials",
-            "1",
-        ])
-        .args(["--connections", "1", "--no-progress", "--out"])
+        .args(["loadtest", "--spawn", "--trials", "1", "--no-progress"])
+        .args(args)
+        .arg("--out")
         .arg(&out)
         .output()
         .unwrap();
+    (output, dir, out)
+}
+
+#[test]
+fn loadtest_spawns_the_server_and_writes_results_and_charts() {
+    let (output, _dir, out) = loadtest(&["--profiles", "demo", "--duration", "3s", "--connections", "1"]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     // Every verdict passes against an exact limiter, however slow the machine: the steady
@@ -60,24 +59,8 @@ fn loadtest_without_a_target_says_what_to_give() {
 #[test]
 fn a_client_offering_twice_its_quota_with_on_excess_wait_is_served_its_quota_all_200() {
     let bench = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/wait");
-    let dir = TempDir::new();
-    let out = dir.path().join("run");
-    let output = sluice()
-        .args([
-            "loadtest",
-            "--spawn",
-            "--duration",
-            "4s",
-            "--trials",
-            "1",
-            "--no-progress",
-        ])
-        .args(["--config", &format!("{bench}/sluice.yaml")])
-        .args(["--profiles", &format!("{bench}/profiles.yaml")])
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
+    let (config, profiles) = (format!("{bench}/sluice.yaml"), format!("{bench}/profiles.yaml"));
+    let (output, _dir, out) = loadtest(&["--config", &config, "--profiles", &profiles, "--duration", "4s"]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(0), "{stdout}\n{stderr}");

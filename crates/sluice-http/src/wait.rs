@@ -217,6 +217,12 @@ impl WaitRoom {
         self.counts[outcome].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// `refusal`, counted.
+    fn refuse(&self, refusal: Refusal) -> Refusal {
+        self.count(REFUSED);
+        refusal
+    }
+
     /// Keys with waiters now.
     ///
     /// # Example
@@ -249,21 +255,6 @@ impl WaitRoom {
         retry_after: Option<Duration>,
         interval: Option<Duration>,
     ) -> Result<Ticket, Refusal> {
-        let joined = self.try_join(key, cost, policy, retry_after, interval);
-        if joined.is_err() {
-            self.count(REFUSED);
-        }
-        joined
-    }
-
-    fn try_join(
-        self: &Arc<Self>,
-        key: &str,
-        cost: u64,
-        policy: &WaitPolicy,
-        retry_after: Option<Duration>,
-        interval: Option<Duration>,
-    ) -> Result<Ticket, Refusal> {
         let now = Instant::now();
         let order = policy.queue_order();
         let mut shard = self.shard(key);
@@ -284,15 +275,15 @@ impl WaitRoom {
             (queue.head_due.saturating_duration_since(now)).saturating_add(paid(after_head, interval))
         };
         if policy.timeout().is_some_and(|max| wait > max) {
-            return Err(Refusal::TooLong(wait));
+            return Err(self.refuse(Refusal::TooLong(wait)));
         }
         let limit = policy.queue_limit();
         if cost > limit || (order == QueueOrder::OldestFirst && queue.queued + cost > limit) {
-            return Err(Refusal::QueueFull(wait));
+            return Err(self.refuse(Refusal::QueueFull(wait)));
         }
         if self.waiters.fetch_add(1, Ordering::AcqRel) >= self.max_waiters {
             self.waiters.fetch_sub(1, Ordering::AcqRel);
-            return Err(Refusal::RoomFull(wait));
+            return Err(self.refuse(Refusal::RoomFull(wait)));
         }
         let queue = match shard.get_mut(key) {
             Some(queue) => queue,
