@@ -363,11 +363,17 @@ impl Collector for Observed {
             &mut encoder,
             "wait_outcomes",
             "Requests over their quota that may wait: served after waiting, refused at once \
-             (max_wait or a queue limit), refused after waiting.",
+             (by reason: max_wait, queue_limit, max_waiters), refused after waiting (late).",
             MetricType::Counter,
         )?;
         counter(&mut m, &[("result", "served")], waits.served)?;
-        counter(&mut m, &[("result", "refused")], waits.refused)?;
+        for (reason, n) in [
+            ("max_wait", waits.refused_max_wait),
+            ("queue_limit", waits.refused_queue_limit),
+            ("max_waiters", waits.refused_max_waiters),
+        ] {
+            counter(&mut m, &[("result", "refused"), ("reason", reason)], n)?;
+        }
         counter(&mut m, &[("result", "late")], waits.late)?;
         lone_gauge(
             &mut encoder,

@@ -151,7 +151,18 @@ fn past_max_wait_or_the_queue_limit_a_request_is_refused_at_once() {
     for client in [&mut one, &mut two, &mut queued] {
         assert_eq!(client.response().status, 200);
     }
-    assert_eq!(metric(&server, "sluice_wait_outcomes_total", "refused"), 2);
+    assert_eq!(
+        metric(&server, "sluice_wait_outcomes_total", "reason=\"max_wait\""),
+        1
+    );
+    assert_eq!(
+        metric(&server, "sluice_wait_outcomes_total", "reason=\"queue_limit\""),
+        1
+    );
+    assert_eq!(
+        metric(&server, "sluice_wait_outcomes_total", "reason=\"max_waiters\""),
+        0
+    );
     assert_eq!(metric(&server, "sluice_wait_outcomes_total", "late"), 0);
 }
 

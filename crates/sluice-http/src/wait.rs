@@ -67,7 +67,7 @@ pub struct WaitRoom {
     hasher: foldhash::fast::RandomState,
     waiters: AtomicUsize,
     max_waiters: usize,
-    counts: [AtomicU64; 3],
+    counts: [AtomicU64; 5],
 }
 
 /// What became of the requests that went to a [`WaitRoom`], since it was made.
@@ -75,23 +75,36 @@ pub struct WaitRoom {
 /// # Example
 /// ```
 /// let counts = sluice_http::WaitRoom::new(10).counts();
-/// assert_eq!((counts.served, counts.refused, counts.late), (0, 0, 0));
+/// assert_eq!((counts.served, counts.refused(), counts.late), (0, 0, 0));
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WaitCounts {
     /// Waited and were served.
     pub served: u64,
-    /// Refused at once: they could not be served within their `max_wait`, or found no room.
-    pub refused: u64,
+    /// Refused at once: they could not be served within their `max_wait`.
+    pub refused_max_wait: u64,
+    /// Refused at once: their key's queue was at its limit.
+    pub refused_queue_limit: u64,
+    /// Refused at once: the room held as many waiters as it may.
+    pub refused_max_waiters: u64,
     /// Waited and were refused after all: their deadline came first (the estimate was wrong:
     /// the quota changed, capacity was spent elsewhere), or newer waiters pushed them past it
     /// (newest-first), or an error.
     pub late: u64,
 }
 
+impl WaitCounts {
+    /// Refused at once, for any reason.
+    pub fn refused(&self) -> u64 {
+        self.refused_max_wait + self.refused_queue_limit + self.refused_max_waiters
+    }
+}
+
 const SERVED: usize = 0;
-const REFUSED: usize = 1;
-const LATE: usize = 2;
+const LATE: usize = 1;
+const TOO_LONG: usize = 2;
+const QUEUE_FULL: usize = 3;
+const ROOM_FULL: usize = 4;
 
 impl std::fmt::Debug for WaitRoom {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -208,7 +221,9 @@ impl WaitRoom {
         let read = |i: usize| self.counts[i].load(Ordering::Relaxed);
         WaitCounts {
             served: read(SERVED),
-            refused: read(REFUSED),
+            refused_max_wait: read(TOO_LONG),
+            refused_queue_limit: read(QUEUE_FULL),
+            refused_max_waiters: read(ROOM_FULL),
             late: read(LATE),
         }
     }
@@ -219,7 +234,11 @@ impl WaitRoom {
 
     /// `refusal`, counted.
     fn refuse(&self, refusal: Refusal) -> Refusal {
-        self.count(REFUSED);
+        self.count(match refusal {
+            Refusal::TooLong(_) => TOO_LONG,
+            Refusal::QueueFull(_) => QUEUE_FULL,
+            Refusal::RoomFull(_) => ROOM_FULL,
+        });
         refusal
     }
 
