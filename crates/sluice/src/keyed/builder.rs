@@ -331,7 +331,7 @@ where
                     .map(|_| StripedRwLock::new(Shard::new(per_shard), owned, shared))
                     .collect(),
                 shard_bits: shards.trailing_zeros(),
-                hasher: foldhash::fast::RandomState::default(),
+                hasher: super::KeyHashState::default(),
                 book,
                 failsafe,
                 unknown,
