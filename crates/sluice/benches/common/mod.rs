@@ -43,7 +43,7 @@ pub type Governor<C = DefaultClock, S = SipHash> = governor::RateLimiter<
 /// governor's default hasher.
 pub type SipHash = std::hash::RandomState;
 /// sluice's hasher, given to governor for the equal-hasher comparison.
-pub type FoldHash = foldhash::fast::RandomState;
+pub type FoldHash = foldhash::quality::RandomState;
 
 pub fn sluice_on<C: sluice::Clock + 'static>(capacity: usize, clock: C) -> Sluice<C> {
     let quota: Quota = SLUICE_QUOTA.parse().expect("valid quota");
