@@ -7,15 +7,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
-use sluice::Quota;
 use sluice_descriptors::{DomainRules, RuleSet};
-use sluice_http::{
-    BuildError, CheckFuture, LimitBackend, RateLimit, RateLimitLayer, RouteCosts, TrustedProxies, WaitRoom,
-};
+use sluice_http::{BuildError, RateLimit, RateLimitLayer, RouteCosts, TrustedProxies, WaitRoom};
 use sluice_redis::{RedisOptions, RedisStore};
 use sluice_service::{
     CounterSettings, Engine, EngineSettings, LayerBackend, RedisCounters, ValueQuotaSource, ValueQuotas,
@@ -147,29 +143,6 @@ pub struct App {
     /// The queues of requests waiting for capacity: kept across reloads, so waiters keep
     /// their places and the bound on them holds for the whole server.
     room: Arc<WaitRoom>,
-    /// The engine every generation's layer asks: kept across reloads and pointed at the new
-    /// engine when a reload is done, so requests that wait ask the running engine, not the
-    /// one it replaced (which, after a migration, denies the keys it gave away).
-    current: Arc<ArcSwap<LayerBackend>>,
-}
-
-/// A [`LimitBackend`] that asks whichever engine is running now.
-struct CurrentBackend(Arc<ArcSwap<LayerBackend>>);
-
-impl LimitBackend for CurrentBackend {
-    #[inline]
-    fn check(&self, key: &str, cost: u64) -> CheckFuture {
-        self.0.load().check(key, cost)
-    }
-
-    fn quota(&self, key: &str) -> Option<Quota> {
-        self.0.load().quota(key)
-    }
-
-    #[inline]
-    fn check_quoted(&self, key: &str, cost: u64) -> (CheckFuture, Option<Quota>) {
-        self.0.load().check_quoted(key, cost)
-    }
 }
 
 impl App {
@@ -218,25 +191,20 @@ impl App {
                 Engine::on_redis(rules, engine_settings, counters)?
             }
         };
-        let engine = Arc::new(engine);
         let room = Arc::new(WaitRoom::new(settings.excess.max_waiters));
-        let current = Arc::new(ArcSwap::from_pointee(accounts_backend(&engine)));
-        Self::with_engine(settings, engine, room, current)
+        Self::with_engine(settings, Arc::new(engine), room)
     }
 
-    /// The app that replaces `self` on a reload: the same waiters and current engine.
+    /// The app that replaces `self` on a reload: the same waiters.
     fn next(&self, settings: &Settings, engine: Arc<Engine>) -> Result<Self, AppError> {
-        Self::with_engine(
-            settings,
-            engine,
-            Arc::clone(&self.room),
-            Arc::clone(&self.current),
-        )
+        Self::with_engine(settings, engine, Arc::clone(&self.room))
     }
 
-    /// Points every generation's layer at this app's engine: the last step of a reload.
-    fn take_over(self) -> Self {
-        self.current.store(Arc::new(accounts_backend(&self.engine)));
+    /// The last step of a reload that built a new engine: the running one hands over to it,
+    /// so requests still held by the old layer (waiting for capacity) ask the new one (after
+    /// a migration the old one denies the keys it gave away).
+    fn take_over_from(self, old: &App) -> Self {
+        old.engine.replaced_by(Arc::clone(&self.engine));
         self
     }
 
@@ -281,7 +249,7 @@ impl App {
                     },
                     None => afresh("the running engine cannot hand its keys over"),
                 };
-                return Ok((app.take_over(), reloaded));
+                return Ok((app.take_over_from(self), reloaded));
             }
             (Some(a), Some(b)) if (&a.url, &a.cluster, &a.prefix) == (&b.url, &b.cluster, &b.prefix) => {
                 Reloaded::Shared {
@@ -294,16 +262,11 @@ impl App {
         };
         let app = Self::new(settings, url_field).await?;
         let app = self.next(settings, app.engine)?;
-        Ok((app.take_over(), reloaded))
+        Ok((app.take_over_from(self), reloaded))
     }
 
-    fn with_engine(
-        settings: &Settings,
-        engine: Arc<Engine>,
-        room: Arc<WaitRoom>,
-        current: Arc<ArcSwap<LayerBackend>>,
-    ) -> Result<Self, AppError> {
-        let layer = RateLimitLayer::builder(CurrentBackend(Arc::clone(&current)))
+    fn with_engine(settings: &Settings, engine: Arc<Engine>, room: Arc<WaitRoom>) -> Result<Self, AppError> {
+        let layer = RateLimitLayer::builder(accounts_backend(&engine))
             .key(settings.key_parts.iter().cloned())
             .default_key(settings.default_key.clone())
             .max_key_len(settings.max_key_len)
@@ -326,7 +289,6 @@ impl App {
             limiter_settings: settings.limiter.clone(),
             engine,
             room,
-            current,
         })
     }
 }

@@ -429,40 +429,44 @@ impl hyper::service::Service<Request<Incoming>> for Handler {
         if app.needs_peer {
             request.extensions_mut().insert(PeerAddr(self.peer));
         }
-        Answering {
-            future: app.service.clone().call(request),
-            activity: Some(Arc::clone(&self.activity)),
-        }
+        let future = app.service.clone().call(request);
+        // Answered now unless the limiter holds it: only then can the answer take longer than
+        // the idle timeout, and only then is the activity carried along.
+        let held = if future.is_held() {
+            Some(Held(Arc::clone(&self.activity)))
+        } else {
+            self.activity.answered();
+            None
+        };
+        Answering { future, held }
+    }
+}
+
+/// A request the limiter holds, counted answered on its connection's [`Activity`] when its
+/// answer is dropped (made and handed over, or given up by a client that left).
+struct Held(Arc<Activity>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.answered();
     }
 }
 
 pin_project_lite::pin_project! {
-    /// A request's answer, counted on its connection's [`Activity`] when made (or given up).
+    /// A request's answer, with the mark of a request the limiter holds.
     struct Answering {
         #[pin]
         future: sluice_http::ResponseFuture<Hello, Incoming, Body>,
-        activity: Option<Arc<Activity>>,
-    }
-
-    impl PinnedDrop for Answering {
-        fn drop(this: Pin<&mut Self>) {
-            if let Some(activity) = this.project().activity.take() {
-                activity.answered();
-            }
-        }
+        held: Option<Held>,
     }
 }
 
 impl Future for Answering {
     type Output = Result<http::Response<Body>, Infallible>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        let answer = std::task::ready!(this.future.poll(cx));
-        if let Some(activity) = this.activity.take() {
-            activity.answered();
-        }
-        Poll::Ready(answer)
+        self.project().future.poll(cx)
     }
 }
 

@@ -197,23 +197,36 @@ static SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
 /// with microseconds: `ratelimit-wait;dur=250.013`.
 pub(crate) const WAIT_METRIC: &str = "ratelimit-wait";
 
-/// Adds how long a request waited for capacity as a `Server-Timing` entry, after any the
-/// inner service wrote.
-pub(crate) fn write_server_timing(headers: &mut HeaderMap, waited: Duration) {
-    let micros = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
-    let mut text = Vec::with_capacity(WAIT_METRIC.len() + 24);
-    text.extend_from_slice(WAIT_METRIC.as_bytes());
-    text.extend_from_slice(b";dur=");
-    put_u64(&mut text, micros / 1000);
-    text.push(b'.');
-    let fraction = micros % 1000;
-    text.extend_from_slice(&[
-        b'0' + (fraction / 100) as u8,
-        b'0' + (fraction / 10 % 10) as u8,
-        b'0' + (fraction % 10) as u8,
-    ]);
-    if let Ok(value) = HeaderValue::from_bytes(&text) {
-        headers.append(SERVER_TIMING.clone(), value);
+/// How long a request waited for capacity, in microseconds (at most about 71 minutes: past
+/// any `max_wait`): four bytes, so the response future of a request that never waits does not
+/// grow for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Waited(std::num::NonZeroU32);
+
+impl Waited {
+    /// `waited`, if it is a microsecond or more.
+    pub(crate) fn of(waited: Duration) -> Option<Self> {
+        let micros = u32::try_from(waited.as_micros()).unwrap_or(u32::MAX);
+        std::num::NonZeroU32::new(micros).map(Self)
+    }
+
+    /// Adds it as a `Server-Timing` entry, after any the inner service wrote.
+    pub(crate) fn write(self, headers: &mut HeaderMap) {
+        let micros = u64::from(self.0.get());
+        let mut text = Vec::with_capacity(WAIT_METRIC.len() + 24);
+        text.extend_from_slice(WAIT_METRIC.as_bytes());
+        text.extend_from_slice(b";dur=");
+        put_u64(&mut text, micros / 1000);
+        text.push(b'.');
+        let fraction = micros % 1000;
+        text.extend_from_slice(&[
+            b'0' + (fraction / 100) as u8,
+            b'0' + (fraction / 10 % 10) as u8,
+            b'0' + (fraction % 10) as u8,
+        ]);
+        if let Ok(value) = HeaderValue::from_bytes(&text) {
+            headers.append(SERVER_TIMING.clone(), value);
+        }
     }
 }
 

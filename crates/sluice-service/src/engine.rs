@@ -350,6 +350,8 @@ pub struct Engine {
     latency: [Latency; 3],
     /// Paces the denied-request log.
     denied_log: Option<sluice::RateLimiter<sluice::TokenBucket>>,
+    /// The engine that took this one's place ([`Engine::replaced_by`]).
+    successor: std::sync::OnceLock<Arc<Engine>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -430,7 +432,48 @@ impl Engine {
             redis,
             latency: Default::default(),
             denied_log,
+            successor: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Says that `next` took this engine's place (a reload built a new one): the layer
+    /// backends ([`LayerBackend`](crate::LayerBackend)) on this engine ask `next` from now on,
+    /// so requests still held by an old layer (waiting for capacity) are decided by the
+    /// running engine. Only the first successor counts; `self` itself is ignored.
+    ///
+    /// # Example
+    /// ```
+    /// use std::sync::Arc;
+    /// use sluice_descriptors::{DomainRules, RuleSet};
+    /// use sluice_service::{Engine, EngineSettings, LayerBackend};
+    /// use sluice_http::LimitBackend;
+    /// let rules = || -> Result<RuleSet, Box<dyn std::error::Error>> {
+    ///     let domain = DomainRules::by_value("accounts", "account", [("alice".to_string(), "1/h".parse()?)], None)?;
+    ///     Ok(RuleSet::from_domains(vec![domain])?)
+    /// };
+    /// let old = Arc::new(Engine::new(rules()?, EngineSettings::default())?);
+    /// let backend = LayerBackend::new(Arc::clone(&old), "accounts", "account");
+    /// let new = Arc::new(Engine::new(rules()?, EngineSettings::default())?);
+    /// assert!(backend.check("alice", 1).into_ready().ok().unwrap()?.is_allowed());
+    /// old.replaced_by(Arc::clone(&new));
+    /// // Decided by the new engine, whose alice has her hour's request left.
+    /// assert!(backend.check("alice", 1).into_ready().ok().unwrap()?.is_allowed());
+    /// assert!(!backend.check("alice", 1).into_ready().ok().unwrap()?.is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn replaced_by(&self, next: Arc<Engine>) {
+        if !std::ptr::eq(self, &*next) {
+            let _ = self.successor.set(next);
+        }
+    }
+
+    /// The engine running now in this one's line: itself, or the last that replaced it.
+    pub(crate) fn latest(self: &Arc<Self>) -> &Arc<Self> {
+        let mut engine = self;
+        while let Some(next) = engine.successor.get() {
+            engine = next;
+        }
+        engine
     }
 
     fn generation(

@@ -93,10 +93,11 @@ impl LimitBackend for LayerBackend {
     }
 
     fn quota(&self, key: &str) -> Option<Quota> {
-        let generation = self.engine.current.load();
+        let engine = self.engine.latest();
+        let generation = engine.current.load();
         Self::with_buffer(|counter| {
             let rule = self.place(&generation, key, counter)?;
-            let kind = rule.algorithm.unwrap_or(self.engine.settings.algorithm);
+            let kind = rule.algorithm.unwrap_or(engine.settings.algorithm);
             match &generation.store {
                 Store::Memory(_) => generation.memory(kind)?.quota_of(counter),
                 Store::Redis(_) => Some(generation.shared(kind)?.quota_of(counter)),
@@ -105,23 +106,24 @@ impl LimitBackend for LayerBackend {
     }
 
     fn check_quoted(&self, key: &str, cost: u64) -> (CheckFuture, Option<Quota>) {
-        let generation = self.engine.current.load();
+        let engine = self.engine.latest();
+        let generation = engine.current.load();
         Self::with_buffer(|counter| {
             let Some(rule) = self.place(&generation, key, counter) else {
                 return (CheckFuture::ready(Ok(unlimited())), None);
             };
-            let kind = rule.algorithm.unwrap_or(self.engine.settings.algorithm);
+            let kind = rule.algorithm.unwrap_or(engine.settings.algorithm);
             match &generation.store {
                 Store::Memory(_) => match generation.memory(kind) {
                     Some(counters) => {
-                        let started = self.engine.observes().then(Instant::now);
+                        let started = engine.observes().then(Instant::now);
                         let (answer, quota) = counters.take_quoted(counter, cost);
                         if let Some(started) = started {
-                            self.engine.record_latency(FrontEnd::Http, started.elapsed());
+                            engine.record_latency(FrontEnd::Http, started.elapsed());
                         }
                         if let Ok(decision) = &answer {
                             count(
-                                &self.engine,
+                                engine,
                                 &generation,
                                 (&rule.id, rule.shadow_mode),
                                 key,
@@ -136,7 +138,7 @@ impl LimitBackend for LayerBackend {
                 Store::Redis(_) => {
                     let quota = generation.shared(kind).map(|shared| shared.quota_of(counter));
                     let asked = Asked {
-                        engine: Arc::clone(&self.engine),
+                        engine: Arc::clone(engine),
                         rule: rule.id.clone(),
                         shadow: rule.shadow_mode,
                         counter: counter.clone(),

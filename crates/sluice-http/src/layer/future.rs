@@ -4,7 +4,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
@@ -12,7 +11,7 @@ use tower_service::Service;
 
 use super::gatekeeper::{Admission, Gatekeeper, server_error};
 use crate::CheckFuture;
-use crate::headers::{Rendered, write_server_timing};
+use crate::headers::{Rendered, Waited};
 use crate::wait::WaitFuture;
 
 /// A request held back while the backend decides, with what it needs afterwards.
@@ -45,7 +44,7 @@ pin_project! {
         // Boxed: only remote backends wait, and the in-memory future stays small.
         Checking { check: CheckFuture, waiting: Option<Box<Waiting<S, ReqBody>>> },
         Queued { wait: WaitFuture, waiting: Option<Box<Waiting<S, ReqBody>>> },
-        Inner { #[pin] future: S::Future, fields: Option<Rendered>, waited: Option<Duration> },
+        Inner { #[pin] future: S::Future, fields: Option<Rendered>, waited: Option<Waited> },
         Ready { response: Option<Response<ResBody>> },
     }
 }
@@ -64,6 +63,38 @@ where
     ) -> Self {
         let kind = Kind::admitted_or_denied(admission, gatekeeper, inner, request, None);
         Self { kind }
+    }
+
+    /// Whether the layer holds the request back: it waits for a backend's later answer or
+    /// for capacity in its key's queue (`on_excess`). A server's idle timeout should not
+    /// cut a connection whose request is held.
+    ///
+    /// # Example
+    /// ```
+    /// use std::convert::Infallible;
+    /// use http::{Request, Response};
+    /// use sluice::{KeyedLimiter, TokenBucket};
+    /// use sluice_http::RateLimitLayer;
+    /// use tower_layer::Layer;
+    /// use tower_service::Service;
+    /// # #[derive(Clone)] struct Hello;
+    /// # impl Service<Request<()>> for Hello {
+    /// #     type Response = Response<String>;
+    /// #     type Error = Infallible;
+    /// #     type Future = std::future::Ready<Result<Response<String>, Infallible>>;
+    /// #     fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Infallible>> {
+    /// #         std::task::Poll::Ready(Ok(()))
+    /// #     }
+    /// #     fn call(&mut self, _: Request<()>) -> Self::Future { std::future::ready(Ok(Response::new(String::new()))) }
+    /// # }
+    /// let limiter = KeyedLimiter::<String, _>::builder(TokenBucket, "1/s".parse()?).build()?;
+    /// let mut service = RateLimitLayer::builder(limiter).build()?.layer(Hello);
+    /// let answer = service.call(Request::new(()));
+    /// assert!(!answer.is_held()); // decided at once by an in-memory limiter
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn is_held(&self) -> bool {
+        matches!(self.kind, Kind::Checking { .. } | Kind::Queued { .. })
     }
 
     /// The layer's own answer, known now.
@@ -104,7 +135,7 @@ where
         gatekeeper: &Gatekeeper,
         inner: &mut S,
         request: Request<ReqBody>,
-        waited: Option<Duration>,
+        waited: Option<Waited>,
     ) -> Self {
         match admission {
             Admission::Pass(fields) => Kind::Inner {
@@ -115,7 +146,7 @@ where
             Admission::Deny(fields) => {
                 let mut response = gatekeeper.denied(fields);
                 if let Some(waited) = waited {
-                    write_server_timing(response.headers_mut(), waited);
+                    waited.write(response.headers_mut());
                 }
                 Kind::Ready {
                     response: Some(response),
@@ -128,7 +159,7 @@ where
     fn settled(
         waiting: Option<Box<Waiting<S, ReqBody>>>,
         answer: Result<sluice::Decision, sluice::CheckError>,
-        waited: Option<Duration>,
+        waited: Option<Waited>,
     ) -> Self {
         let Some(waiting) = waiting else {
             return Kind::Ready {
@@ -163,7 +194,7 @@ where
                 }
                 KindProj::Queued { wait, waiting } => {
                     let (answer, waited) = std::task::ready!(Pin::new(wait).poll(cx));
-                    Kind::settled(waiting.take(), answer, Some(waited).filter(|w| !w.is_zero()))
+                    Kind::settled(waiting.take(), answer, Waited::of(waited))
                 }
                 KindProj::Inner {
                     future,
@@ -175,7 +206,7 @@ where
                         fields.write(response.headers_mut());
                     }
                     if let Some(waited) = waited.take() {
-                        write_server_timing(response.headers_mut(), waited);
+                        waited.write(response.headers_mut());
                     }
                     return Poll::Ready(Ok(response));
                 }
