@@ -525,7 +525,9 @@ pub(crate) async fn wait_turn(
                 Turn::Gone => Poll::Ready(Err(None)),
                 Turn::Sleep(until) => {
                     let until = match (until, deadline) {
-                        (Some(due), Some(d)) if due > d => return Poll::Ready(Err(Some(due - now))),
+                        (Some(due), Some(d)) if due > d => {
+                            return Poll::Ready(Err(Some(due.saturating_duration_since(now))));
+                        }
                         (Some(due), _) => due,
                         (None, Some(d)) if now >= d => return Poll::Ready(Err(None)),
                         (None, Some(d)) => d,
