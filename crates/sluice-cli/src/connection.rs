@@ -102,10 +102,10 @@ impl Connections {
 
     /// Drives `connection` to its end, closing it gracefully when it has started no request
     /// (`activity`) for an idle period and none is being answered, or when
-    /// [`Connections::shutdown`] is called; one that
-    /// has still not closed a period after that is dropped. So a client that opens a
-    /// connection and sends nothing is closed after one to two periods, and one that sends a
-    /// request head too slowly (slowloris) after two to three.
+    /// [`Connections::shutdown`] is called; one that has still not closed a period after that
+    /// is dropped. So a client that opens a connection and sends nothing is closed after one
+    /// to two periods, and one that sends a request head too slowly (slowloris) after two to
+    /// three; one whose request waits for capacity stays open until it is answered.
     pub fn serve<C>(
         &self,
         connection: C,
