@@ -99,7 +99,8 @@ fn waited_requests_are_served_in_order_at_the_quotas_pace() {
     }
     // The limiter's schedule: waiter k is served k intervals after the first's admission,
     // never sooner (2 ms: the timer's and the clocks' rounding), and late by no more than the
-    // server takes to wake it (100 ms, for a machine busy with other tests).
+    // server takes to wake it (a quarter of the interval, for a machine busy with other tests:
+    // the next waiter's turn is still three quarters away).
     for (k, (earliest, latest)) in served.iter().enumerate() {
         let due = (
             admitted.0 + 1000.0 * (k as f64 + 1.0),
@@ -110,7 +111,7 @@ fn waited_requests_are_served_in_order_at_the_quotas_pace() {
             "waiter {k} served at {earliest}..{latest} ms, due at {due:?}"
         );
         assert!(
-            *earliest <= due.1 + 100.0,
+            *earliest <= due.1 + 250.0,
             "waiter {k} served at {earliest}..{latest} ms, due at {due:?}"
         );
     }
