@@ -408,7 +408,7 @@ fn paid(units: u64, interval: Option<Duration>) -> Duration {
 }
 
 /// The time `quota` takes to refill one unit, rounded up; none for a quota that never does.
-pub(crate) fn unit_interval(quota: Option<Quota>) -> Option<Duration> {
+fn unit_interval(quota: Option<Quota>) -> Option<Duration> {
     let quota = quota.filter(|q| !q.is_deny_all())?;
     Some(Duration::from_nanos(quota.period_nanos().div_ceil(quota.count())))
 }
@@ -506,7 +506,7 @@ pub(crate) type Settled = (Answer, Duration);
 /// limit's last denial, its retry-after as estimated) when its deadline cannot be met or it is
 /// evicted. `denial` is the limit's answer that sent it to the queue, if it was asked;
 /// `limit` the quota's capacity, for a refusal made up without one.
-pub(crate) async fn wait_turn(
+async fn wait_turn(
     mut ticket: Ticket,
     backend: Arc<dyn LimitBackend>,
     cost: u64,
@@ -583,7 +583,7 @@ pub(crate) async fn wait_turn(
 /// The denial a refused request is answered with: the limit's last, with the queue's
 /// estimate of when it could be served as its retry-after; made up (nothing left, full again
 /// then) when the limit was not asked.
-pub(crate) fn refused(denial: Option<Decision>, limit: u64, retry_after: Duration) -> Decision {
+fn refused(denial: Option<Decision>, limit: u64, retry_after: Duration) -> Decision {
     let nanos = u64::try_from(retry_after.as_nanos()).unwrap_or(u64::MAX).max(1);
     match denial {
         Some(d) => Decision::denied(d.limit(), d.remaining(), d.reset_after_nanos(), nanos),
@@ -623,17 +623,42 @@ pub(crate) fn after_check(
             Ok(decision) if !decision.is_allowed() => decision,
             answer => return (answer, Duration::ZERO),
         };
-        let interval = unit_interval(backend.quota(&key));
-        match room.join(&key, cost, &policy, Some(decision.retry_after()), interval) {
-            Ok(ticket) => {
-                let limit = decision.limit();
-                let (answer, _) =
-                    wait_turn(ticket, backend, cost, limit, policy.timeout(), Some(decision)).await;
+        let quota = backend.quota(&key);
+        match queue(&room, &backend, &key, cost, &policy, Some(decision), quota) {
+            Ok(wait) => {
+                let (answer, _) = wait.await;
                 (answer, start.elapsed())
             }
-            Err(refusal) => (Ok(refused(Some(decision), 0, refusal.wait())), Duration::ZERO),
+            Err(denial) => (Ok(denial), Duration::ZERO),
         }
     })
+}
+
+/// A place in `key`'s queue for `cost` and the wait in it, or the denial of a request refused
+/// at once: it cannot be served within its `max_wait` (its retry-after then says when it
+/// could) or finds no room. `denial` is the limit's answer that sent it here, if it asked.
+pub(crate) fn queue(
+    room: &Arc<WaitRoom>,
+    backend: &Arc<dyn LimitBackend>,
+    key: &str,
+    cost: u64,
+    policy: &WaitPolicy,
+    denial: Option<Decision>,
+    quota: Option<Quota>,
+) -> Result<impl Future<Output = Settled> + Send + 'static, Decision> {
+    let retry_after = denial.map(|d| d.retry_after());
+    let limit = quota.map_or(cost, |q| q.capacity());
+    match room.join(key, cost, policy, retry_after, unit_interval(quota)) {
+        Ok(ticket) => Ok(wait_turn(
+            ticket,
+            Arc::clone(backend),
+            cost,
+            limit,
+            policy.timeout(),
+            denial,
+        )),
+        Err(refusal) => Err(refused(denial, limit, refusal.wait())),
+    }
 }
 
 /// Whether requests over their quota wait, by key: a default and exceptions.

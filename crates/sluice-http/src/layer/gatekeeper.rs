@@ -10,7 +10,7 @@ use sluice::{CheckError, Decision, QueueOrder, Quota, WaitPolicy};
 use super::PeerAddrReader;
 use crate::headers::{RateFields, Rendered, denial_headers};
 use crate::key::{KeyBuf, KeyRejection, KeySource};
-use crate::wait::{ExcessPolicies, WaitFuture, after_check, refused, unit_interval, wait_turn};
+use crate::wait::{ExcessPolicies, WaitFuture, after_check, queue};
 use crate::{CheckFuture, ClientIpHeader, LimitBackend, RouteCosts, TrustedProxies};
 
 /// The body of a 429 response.
@@ -138,19 +138,9 @@ impl Gatekeeper {
         denial: Option<Decision>,
         quota: Option<Quota>,
     ) -> Verdict {
-        let interval = unit_interval(quota);
-        let retry_after = denial.map(|d| d.retry_after());
-        let limit = quota.map_or(cost, |q| q.capacity());
-        match excess.room.join(key, cost, &policy, retry_after, interval) {
-            Ok(ticket) => {
-                let backend = Arc::clone(&self.backend);
-                let wait = wait_turn(ticket, backend, cost, limit, policy.timeout(), denial);
-                Verdict::Queue(WaitFuture::new(wait), key.into())
-            }
-            Err(refusal) => {
-                let denial = refused(denial, limit, refusal.wait());
-                Verdict::Decided(Admission::Deny(RateFields::new(&denial, quota)))
-            }
+        match queue(&excess.room, &self.backend, key, cost, &policy, denial, quota) {
+            Ok(wait) => Verdict::Queue(WaitFuture::new(wait), key.into()),
+            Err(denial) => Verdict::Decided(Admission::Deny(RateFields::new(&denial, quota))),
         }
     }
 
