@@ -99,7 +99,7 @@ fn metrics_count_what_clients_were_told_and_top_names_the_flooded_keys() {
     let top = admin(&server).get("/v1/top?rule=accounts:%20account&n=3", &[]);
     assert_eq!(top.status, 200, "{top:?}");
     let top: serde_json::Value = serde_json::from_str(&top.body).unwrap();
-    assert_eq!(top["keys"][0]["key"], "mallory", "{top}");
+    assert_eq!(top["keys"][0]["key"], "account=mallory", "{top}");
     assert_eq!(top["keys"][0]["denied"], 49, "{top}");
     assert_eq!(admin(&server).get("/v1/top?rule=nothing", &[]).status, 404);
     assert_eq!(admin(&server).get("/v1/top", &[]).status, 400);
@@ -109,7 +109,7 @@ fn metrics_count_what_clients_were_told_and_top_names_the_flooded_keys() {
     assert_eq!(ui.status, 200);
     assert!(ui.body.contains("<canvas id=\"chart\""), "{}", ui.body);
     // Denials are logged, paced (5 a second by default), naming rule and key: alice's first.
-    server.wait_for_log("denied rule=accounts: account=alice@example.com key=\"alice@example.com\"");
+    server.wait_for_log("denied rule=accounts: account=alice@example.com key=\"account=alice@example.com\"");
     // 58 denials, of which at most a burst of 5 and 5 a second since are logged.
     let logged = server.stderr().matches(" denied rule=").count();
     let paced = 5 + (5.0 * started.elapsed().as_secs_f64()).ceil() as usize;

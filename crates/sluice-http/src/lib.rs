@@ -39,8 +39,8 @@
 //! through [`RateLimitBuilder::peer_addr_with`].
 //!
 //! The store behind the layer is a [`LimitBackend`]: the in-memory `KeyedLimiter` answers at
-//! once; a remote store (the `sluice` binary puts `sluice-redis` there) answers through a
-//! [`CheckFuture`], and the request waits for it before reaching the inner service.
+//! once; a remote store (such as a decision engine whose counters are on Redis) answers
+//! through a [`CheckFuture`], and the request waits for it before reaching the inner service.
 //!
 //! A request over its quota may wait for capacity instead of being refused
 //! ([`RateLimitBuilder::on_excess`]): in its key's queue, holding only its place, within a

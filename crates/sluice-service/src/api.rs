@@ -16,7 +16,7 @@ use axum::routing::post;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
-use crate::engine::{CheckRequest, Code, DescriptorRequest, DescriptorStatus, Engine, Verdict};
+use crate::{CheckRequest, Code, DescriptorRequest, DescriptorStatus, Engine, Verdict};
 
 /// The largest request body read.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -207,9 +207,9 @@ async fn check(
         Ok(request) => request,
         Err(detail) => return problem(StatusCode::BAD_REQUEST, "Malformed check request", detail),
     };
-    let started = std::time::Instant::now();
-    let verdict = engine.check(&request, peek).await;
-    engine.record_latency(crate::FrontEnd::CheckApi, started.elapsed());
+    let verdict = engine
+        .check_from(Some(crate::FrontEnd::CheckApi), &request, peek)
+        .await;
     match verdict {
         Ok(verdict) => axum::Json(to_body(verdict)).into_response(),
         Err(e) => problem(

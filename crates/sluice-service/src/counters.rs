@@ -22,12 +22,11 @@ const BY_OVERRIDE: char = 'o';
 /// Ends an override's quota text (which never holds it).
 const OVERRIDE_END: char = '\u{1d}';
 
-/// The key of the counter of `entries` under `rule`: governed by the rule's quota, or with
-/// `quota`, by a quota the request set for it (another counter than the rule's own, so an
-/// override never spends the configured limit). Written into `key` (emptied first).
-pub(crate) fn write_counter(key: &mut String, rule: &Rule, entries: &[Entry<'_>], quota: Option<Quota>) {
+/// Appends to `key` the key of the counter of `entries` under `rule`: governed by the rule's
+/// quota, or with `quota`, by a quota the request set for it (another counter than the rule's
+/// own, so an override never spends the configured limit).
+pub(crate) fn push_counter(key: &mut String, rule: &Rule, entries: &[Entry<'_>], quota: Option<Quota>) {
     use std::fmt::Write;
-    key.clear();
     match quota {
         None => key.push(BY_RULE),
         Some(quota) => {
@@ -221,10 +220,9 @@ impl Default for CounterSettings {
 
 /// One algorithm's counters, whatever the algorithm.
 pub(crate) trait Counters: Send + Sync {
-    /// Takes `cost` from `key`'s counter (0 peeks).
-    fn take(&self, key: &str, cost: u64) -> Result<(Decision, Receipt), CheckError>;
-    /// Takes `cost` from `key`'s counter, with the quota it was decided on.
-    fn take_quoted(&self, key: &str, cost: u64) -> (Result<Decision, CheckError>, Quota);
+    /// Takes `cost` from `key`'s counter (0 peeks), with what giving it back needs and the
+    /// quota it was decided on.
+    fn take_quoted(&self, key: &str, cost: u64) -> (TakeAnswer, Quota);
     /// The quota `key`'s counter is held under, if it is held.
     fn quota_of(&self, key: &str) -> Option<Quota>;
     /// Gives back a take.
@@ -242,15 +240,13 @@ pub(crate) trait Counters: Send + Sync {
 
 type Limiter<A> = KeyedLimiter<String, A, RuleQuotas>;
 
+/// A take's answer: the decision and its receipt, or a cost that never fits.
+pub(crate) type TakeAnswer = Result<(Decision, Receipt), CheckError>;
+
 impl<A: Algorithm> Counters for Limiter<A> {
     #[inline]
-    fn take(&self, key: &str, cost: u64) -> Result<(Decision, Receipt), CheckError> {
-        KeyedLink::new(self, key).take(cost)
-    }
-
-    #[inline]
-    fn take_quoted(&self, key: &str, cost: u64) -> (Result<Decision, CheckError>, Quota) {
-        self.check_n_quoted(key, cost)
+    fn take_quoted(&self, key: &str, cost: u64) -> (TakeAnswer, Quota) {
+        KeyedLink::new(self, key).take_quoted(cost)
     }
 
     fn quota_of(&self, key: &str) -> Option<Quota> {

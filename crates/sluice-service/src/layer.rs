@@ -1,15 +1,17 @@
 //! The engine behind sluice's HTTP layer: each request's key is one descriptor of one domain
-//! (`[(entry_key, key)]`), decided on the same rules and counters as the service's requests.
+//! (`[(entry_key, key)]`), decided by the same [`Engine::decide`] as RLS and the check API.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use sluice::{CheckError, Decision, Quota};
-use sluice_descriptors::{Entry, Limit, Rule, RuleId};
+use sluice_descriptors::{Entry, Limit};
 use sluice_http::{CheckFuture, LimitBackend};
 
-use crate::counters::write_counter;
-use crate::engine::{Engine, Generation, Store};
+use crate::answer::{Outcome, Status};
+use crate::counters::push_counter;
+use crate::decide::Decided;
+use crate::engine::Engine;
+use crate::request::{Descriptor, Request, RequestError};
 use crate::stats::FrontEnd;
 
 /// An [`Engine`] as the HTTP layer's [`LimitBackend`]: the layer's key for a request is the
@@ -53,38 +55,25 @@ impl LayerBackend {
     pub fn engine(&self) -> &Arc<Engine> {
         &self.engine
     }
+}
 
-    /// The rule limiting `key` in `generation`, with its counter's key written in `counter`
-    /// (emptied first).
-    fn place<'g>(&self, generation: &'g Generation, key: &str, counter: &mut String) -> Option<&'g Rule> {
-        let entries = [Entry {
-            key: &self.entry_key,
-            value: key,
-        }];
-        let rule = generation.rules.find(&self.domain, &entries)?;
-        if rule.limit == Limit::Unlimited {
-            return None;
-        }
-        write_counter(counter, rule, &entries, None);
-        Some(rule)
-    }
+/// The layer's answer for one key: the decision (or a cost its quota can never admit), and
+/// the quota it was made under, if a rule limits the key.
+type Answer = (Result<Decision, CheckError>, Option<Quota>);
 
-    /// Runs `f` with this thread's counter-key buffer: a check in memory allocates no key.
-    fn with_buffer<T>(f: impl FnOnce(&mut String) -> T) -> T {
-        thread_local! {
-            static COUNTER: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
-        }
-        COUNTER.with(|buffer| match buffer.try_borrow_mut() {
-            Ok(mut buffer) => f(&mut buffer),
-            // Only if a check ran inside another on this thread: a buffer of its own.
-            Err(_) => f(&mut String::new()),
-        })
+/// The layer's answer from the engine's outcome of its one descriptor.
+fn answer(outcome: &Outcome<'_, '_>) -> Answer {
+    match outcome.statuses.first() {
+        Some(status) => status.to_layer(outcome.denied),
+        None => (Ok(Status::UNLIMITED.decision), None),
     }
 }
 
-/// The decision for a key no rule limits.
-fn unlimited() -> Decision {
-    Decision::allowed(u64::MAX, u64::MAX, 0)
+/// The answer to a key the engine refused to decide (longer than its bounds): denied, for
+/// good, as a key that can never be counted must not pass uncounted.
+fn undecidable(error: &RequestError) -> Answer {
+    tracing::debug!("HTTP layer key not decided: {error}");
+    (Ok(Decision::denied(0, 0, 0, u64::MAX)), None)
 }
 
 impl LimitBackend for LayerBackend {
@@ -95,116 +84,77 @@ impl LimitBackend for LayerBackend {
     fn quota(&self, key: &str) -> Option<Quota> {
         let engine = self.engine.latest();
         let generation = engine.current.load();
-        Self::with_buffer(|counter| {
-            let rule = self.place(&generation, key, counter)?;
-            let kind = rule.algorithm.unwrap_or(engine.settings.algorithm);
-            match &generation.store {
-                Store::Memory(_) => generation.memory(kind)?.quota_of(counter),
-                Store::Redis(_) => Some(generation.shared(kind)?.quota_of(counter)),
-            }
+        let entries = [Entry {
+            key: &self.entry_key,
+            value: key,
+        }];
+        let rule = generation.rules.find(&self.domain, &entries)?;
+        if rule.limit == Limit::Unlimited {
+            return None;
+        }
+        let kind = rule.algorithm.unwrap_or(engine.settings.algorithm);
+        with_buffer(|counter| {
+            counter.clear();
+            push_counter(counter, rule, &entries, None);
+            generation.store.quota_of(kind, counter)
         })
     }
 
     fn check_quoted(&self, key: &str, cost: u64) -> (CheckFuture, Option<Quota>) {
         let engine = self.engine.latest();
-        let generation = engine.current.load();
-        Self::with_buffer(|counter| {
-            let Some(rule) = self.place(&generation, key, counter) else {
-                return (CheckFuture::ready(Ok(unlimited())), None);
+        if engine.answers_now() {
+            let entries = [Entry {
+                key: &self.entry_key,
+                value: key,
+            }];
+            let descriptors = [Descriptor {
+                entries: &entries,
+                hits: cost,
+                limit: None,
+            }];
+            let request = Request {
+                domain: &self.domain,
+                descriptors: &descriptors,
             };
-            let kind = rule.algorithm.unwrap_or(engine.settings.algorithm);
-            match &generation.store {
-                Store::Memory(_) => match generation.memory(kind) {
-                    Some(counters) => {
-                        let started = engine.observes().then(Instant::now);
-                        let (answer, quota) = counters.take_quoted(counter, cost);
-                        if let Some(started) = started {
-                            engine.record_latency(FrontEnd::Http, started.elapsed());
-                        }
-                        if let Ok(decision) = &answer {
-                            count(
-                                engine,
-                                &generation,
-                                (&rule.id, rule.shadow_mode),
-                                key,
-                                cost,
-                                decision,
-                            );
-                        }
-                        (CheckFuture::ready(answer), Some(quota))
-                    }
-                    None => (CheckFuture::ready(Ok(unlimited())), None),
-                },
-                Store::Redis(_) => {
-                    let quota = generation.shared(kind).map(|shared| shared.quota_of(counter));
-                    let asked = Asked {
-                        engine: Arc::clone(engine),
-                        rule: rule.id.clone(),
-                        shadow: rule.shadow_mode,
-                        counter: counter.clone(),
-                        key: key.to_owned(),
-                        cost,
-                    };
-                    let generation = arc_swap::Guard::into_inner(generation);
-                    (CheckFuture::pending(on_redis(generation, kind, asked)), quota)
-                }
+            // In memory the answer is known now (a future, never polled, is dropped).
+            if let Decided::Ready(answer) = engine.decide(Some(FrontEnd::Http), request, false, answer) {
+                let (answer, quota) = answer.unwrap_or_else(|e| undecidable(&e));
+                return (CheckFuture::ready(answer), quota);
             }
-        })
+        }
+        // On Redis: the future owns what the request borrows, and the layer asks the quota
+        // when it writes the fields.
+        let (engine, domain, entry_key) = (Arc::clone(engine), self.domain.clone(), self.entry_key.clone());
+        let key = key.to_owned();
+        let later = async move {
+            let entries = [Entry {
+                key: &entry_key,
+                value: &key,
+            }];
+            let descriptors = [Descriptor {
+                entries: &entries,
+                hits: cost,
+                limit: None,
+            }];
+            let request = Request {
+                domain: &domain,
+                descriptors: &descriptors,
+            };
+            let decided = engine.decide(Some(FrontEnd::Http), request, false, answer);
+            decided.answer().await.unwrap_or_else(|e| undecidable(&e)).0
+        };
+        (CheckFuture::pending(later), None)
     }
 }
 
-/// Counts a decision of the layer's under its rule (and logs a denial, paced).
-fn count(
-    engine: &Engine,
-    generation: &Generation,
-    (rule, shadow): (&RuleId, bool),
-    key: &str,
-    cost: u64,
-    decision: &Decision,
-) {
-    let over = !decision.is_allowed();
-    if over && !shadow {
-        engine.log_denied(rule, || key.to_owned());
+/// Runs `f` with this thread's counter-key buffer: a quota lookup allocates no key.
+fn with_buffer<T>(f: impl FnOnce(&mut String) -> T) -> T {
+    thread_local! {
+        static COUNTER: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
     }
-    if !engine.observes() {
-        return;
-    }
-    if let Some(stats) = generation.stats.get(rule) {
-        stats.record(cost, over, shadow, || Some(key.to_owned()));
-    }
-}
-
-/// What a check on Redis needs once it is off the request's thread.
-struct Asked {
-    engine: Arc<Engine>,
-    rule: RuleId,
-    shadow: bool,
-    counter: String,
-    key: String,
-    cost: u64,
-}
-
-/// A check of the layer's on Redis.
-async fn on_redis(
-    generation: Arc<Generation>,
-    kind: sluice::AlgorithmKind,
-    asked: Asked,
-) -> Result<Decision, CheckError> {
-    let Some(shared) = generation.shared(kind) else {
-        return Ok(unlimited());
-    };
-    let started = Instant::now();
-    let answer = crate::shared::decide(shared, &asked.counter, asked.cost).await;
-    asked.engine.record_latency(FrontEnd::Http, started.elapsed());
-    if let Ok(decision) = &answer {
-        count(
-            &asked.engine,
-            &generation,
-            (&asked.rule, asked.shadow),
-            &asked.key,
-            asked.cost,
-            decision,
-        );
-    }
-    answer
+    COUNTER.with(|buffer| match buffer.try_borrow_mut() {
+        Ok(mut buffer) => f(&mut buffer),
+        // Only if a lookup ran inside another on this thread: a buffer of its own.
+        Err(_) => f(&mut String::new()),
+    })
 }

@@ -11,22 +11,27 @@
 //! Waiting for capacity is the HTTP layer's (`sluice_http`'s `on_excess`), in front of the
 //! engine through [`LayerBackend`].
 
+mod answer;
 mod api;
 mod counters;
+mod decide;
 mod engine;
+mod generation;
 mod layer;
 pub mod proto;
+mod request;
 mod rls;
-mod shared;
+mod settings;
 mod stats;
+mod store;
 
+pub use answer::{AppliedLimit, Code, DescriptorStatus, Verdict};
 pub use api::{CheckApi, MAX_BODY_BYTES};
 pub use counters::{CounterSettings, ValueQuotaSource, ValueQuotas};
-pub use engine::{
-    AppliedLimit, BuildError, CheckRequest, Code, Counting, DescriptorRequest, DescriptorStatus, Engine,
-    EngineSettings, FieldSet, Reloaded, RequestBounds, RequestError, RuleReport, Verdict,
-};
+pub use engine::{BuildError, Engine, Reloaded, RuleReport};
 pub use layer::LayerBackend;
+pub use request::{CheckRequest, DescriptorRequest, RequestBounds, RequestError};
 pub use rls::{MAX_MESSAGE_BYTES, RateLimitService, SHOULD_RATE_LIMIT};
-pub use shared::RedisCounters;
+pub use settings::{Counting, EngineSettings, FieldSet};
 pub use stats::{FrontEnd, LATENCY_BUCKETS, LatencySnapshot, RuleCounts, TOP_KEYS};
+pub use store::RedisCounters;

@@ -13,8 +13,8 @@ use tonic::body::Body;
 use tonic::server::{Grpc, NamedService, UnaryService};
 use tonic::{Status, codegen::BoxFuture};
 
-use crate::engine::{CheckRequest, Code, DescriptorRequest, DescriptorStatus, Engine, RequestError, Verdict};
 use crate::proto::{self, Unit};
+use crate::{CheckRequest, Code, DescriptorRequest, DescriptorStatus, Engine, RequestError, Verdict};
 
 /// The gRPC path of `ShouldRateLimit`.
 pub const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -111,10 +111,9 @@ impl RateLimitService {
         request: proto::RateLimitRequest,
     ) -> Result<proto::RateLimitResponse, Status> {
         let request = from_proto(request)?;
-        let started = std::time::Instant::now();
-        let verdict = self.engine.check(&request, false).await;
-        self.engine
-            .record_latency(crate::FrontEnd::Rls, started.elapsed());
+        let verdict = (self.engine)
+            .check_from(Some(crate::FrontEnd::Rls), &request, false)
+            .await;
         let verdict = verdict.map_err(invalid)?;
         Ok(to_proto(verdict))
     }

@@ -147,6 +147,43 @@ where
     }
 }
 
+impl<K, A, S, C, Q> KeyedLink<'_, K, A, S, C, Q>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static + Borrow<Q>,
+    A: Algorithm,
+    S: QuotaSource<K>,
+    C: Clock + 'static,
+    Q: Hash + Eq + ToOwned + Sync + ?Sized,
+    Q::Owned: Into<K>,
+{
+    /// [`Link::take`], also saying which quota the key was decided under (its own once
+    /// fetched, else the failsafe or unknown-key quota), even when the cost can never fit:
+    /// one lookup where a take and then [`KeyedLimiter::quota_of`] take two.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{KeyedLimiter, KeyedLink, TokenBucket};
+    /// let limiter = KeyedLimiter::<String, _>::builder(TokenBucket, "5/s".parse()?)
+    ///     .unknown_key_quota("3/s".parse()?)
+    ///     .build()?;
+    /// let (taken, quota) = KeyedLink::new(&limiter, "alice").take_quoted(2);
+    /// assert_eq!(taken?.0.remaining(), 1);
+    /// assert_eq!(quota, "3/s".parse()?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    #[allow(clippy::type_complexity)]
+    pub fn take_quoted(&self, cost: u64) -> (Result<(Decision, Receipt), CheckError>, crate::Quota) {
+        self.limiter.check_key(self.key, cost, |checked| {
+            let receipt = checked.receipt;
+            (
+                checked.result.map(|decision| (decision, receipt)),
+                checked.limit.quota,
+            )
+        })
+    }
+}
+
 /// The answer to a chain: admitted by every link, or denied with the first denying link and
 /// the time until the whole chain could admit.
 ///

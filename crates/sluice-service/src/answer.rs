@@ -1,0 +1,231 @@
+//! What the engine answers: per descriptor and overall, borrowed from the rules while it is
+//! being decided ([`Outcome`]), and owned for the wire ([`Verdict`]) with the rate-limit fields
+//! of the most restrictive status.
+
+use std::time::Duration;
+
+use sluice::{CheckError, Decision, Quota};
+use sluice_descriptors::Rule;
+
+use crate::generation::Generation;
+use crate::settings::FieldSet;
+
+/// The answer for one descriptor, or for a whole request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    /// Within its limits (or not limited).
+    Ok,
+    /// Over a limit.
+    OverLimit,
+}
+
+/// The limit a descriptor was counted against.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppliedLimit {
+    /// The quota its counter was decided under: its rule's, the request's override, or the
+    /// quota its value's source gave.
+    pub quota: Quota,
+    /// The rule's name, if it has one.
+    pub name: Option<String>,
+    /// The rule's place in the rules.
+    pub rule: sluice_descriptors::RuleId,
+    /// Counted and reported, never denying.
+    pub shadow: bool,
+}
+
+/// One descriptor's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DescriptorStatus {
+    /// Over its limit or not (a shadow rule over its limit says so here, and the request
+    /// is still admitted).
+    pub code: Code,
+    /// The limit counted, if a rule with a limit matched.
+    pub limit: Option<AppliedLimit>,
+    /// Units left.
+    pub remaining: u64,
+    /// Until the limit is whole again.
+    pub reset_after: Duration,
+    /// Until this descriptor's hits could be admitted (zero if admitted).
+    pub retry_after: Duration,
+}
+
+/// A request's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// Over a limit if any descriptor not in shadow mode is.
+    pub overall: Code,
+    /// One per descriptor, in order.
+    pub statuses: Vec<DescriptorStatus>,
+    /// The rate-limit fields for the client's response, from the most restrictive status.
+    pub fields: Vec<(String, String)>,
+}
+
+/// One descriptor's answer while the rules it was decided on are at hand.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Status<'g> {
+    /// The rule it was counted under; `None` when nothing limits it.
+    pub(crate) rule: Option<&'g Rule>,
+    /// The quota its counter was decided under.
+    pub(crate) quota: Quota,
+    pub(crate) decision: Decision,
+    /// The hits, when its quota can never admit them.
+    pub(crate) never_fits: Option<u64>,
+}
+
+impl<'g> Status<'g> {
+    /// A descriptor nothing limits.
+    pub(crate) const UNLIMITED: Self = Self {
+        rule: None,
+        quota: Quota::deny_all(),
+        decision: Decision::allowed(u64::MAX, u64::MAX, 0),
+        never_fits: None,
+    };
+
+    /// The status of a take's answer under `rule`.
+    pub(crate) fn of(rule: &'g Rule, quota: Quota, answer: Result<Decision, CheckError>) -> Self {
+        match answer {
+            Ok(decision) => Self {
+                rule: Some(rule),
+                quota,
+                decision,
+                never_fits: None,
+            },
+            Err(CheckError::CostExceedsCapacity { cost, .. }) => Self::never_fits(rule, quota, cost),
+        }
+    }
+
+    /// The status of `hits` its quota can never admit.
+    pub(crate) fn never_fits(rule: &'g Rule, quota: Quota, hits: u64) -> Self {
+        Self {
+            rule: Some(rule),
+            quota,
+            decision: Decision::denied(quota.capacity(), 0, 0, u64::MAX),
+            never_fits: Some(hits),
+        }
+    }
+
+    pub(crate) fn is_over(&self) -> bool {
+        !self.decision.is_allowed()
+    }
+
+    /// Over a limit that may deny (not in shadow mode).
+    pub(crate) fn denies(&self) -> bool {
+        self.is_over() && self.rule.is_some_and(|rule| !rule.shadow_mode)
+    }
+
+    /// After its take of `cost` was given back.
+    pub(crate) fn given_back(&mut self, cost: u64) {
+        let d = self.decision;
+        let remaining = d.remaining().saturating_add(cost).min(self.quota.capacity());
+        self.decision = Decision::allowed(d.limit(), remaining, nanos(d.reset_after()));
+    }
+
+    /// As the HTTP layer reads it: the decision, or the error of a cost that never fits,
+    /// admitted whenever the request was (a shadow rule's denial admits).
+    pub(crate) fn to_layer(self, denied: bool) -> (Result<Decision, CheckError>, Option<Quota>) {
+        if self.rule.is_none() {
+            return (Ok(self.decision), None);
+        }
+        let d = self.decision;
+        let answer = match self.never_fits {
+            Some(cost) if denied => Err(CheckError::CostExceedsCapacity {
+                cost,
+                capacity: self.quota.capacity(),
+            }),
+            _ if denied || d.is_allowed() => Ok(d),
+            _ => Ok(Decision::allowed(
+                d.limit(),
+                d.remaining(),
+                nanos(d.reset_after()),
+            )),
+        };
+        (answer, Some(self.quota))
+    }
+
+    fn to_public(self) -> DescriptorStatus {
+        let Some(rule) = self.rule else {
+            return DescriptorStatus {
+                code: Code::Ok,
+                limit: None,
+                remaining: 0,
+                reset_after: Duration::ZERO,
+                retry_after: Duration::ZERO,
+            };
+        };
+        let d = self.decision;
+        DescriptorStatus {
+            code: if self.is_over() { Code::OverLimit } else { Code::Ok },
+            limit: Some(AppliedLimit {
+                quota: self.quota,
+                name: rule.name.clone(),
+                rule: rule.id.clone(),
+                shadow: rule.shadow_mode,
+            }),
+            remaining: d.remaining(),
+            reset_after: d.reset_after(),
+            retry_after: if self.never_fits.is_some() {
+                Duration::MAX
+            } else {
+                d.retry_after()
+            },
+        }
+    }
+}
+
+/// A decided request: whether it is denied, and each descriptor's status in order.
+pub(crate) struct Outcome<'a, 'g> {
+    pub(crate) denied: bool,
+    pub(crate) statuses: &'a [Status<'g>],
+    pub(crate) generation: &'a Generation,
+}
+
+impl Outcome<'_, '_> {
+    /// The answer for the wire, with the fields of `fields`.
+    pub(crate) fn to_verdict(&self, fields: FieldSet) -> Verdict {
+        Verdict {
+            overall: if self.denied { Code::OverLimit } else { Code::Ok },
+            statuses: self.statuses.iter().map(|status| status.to_public()).collect(),
+            fields: self.fields(fields),
+        }
+    }
+
+    /// The fields of the most restrictive status: a denying one, else the limited one with
+    /// the fewest units left.
+    fn fields(&self, set: FieldSet) -> Vec<(String, String)> {
+        if set == FieldSet::None {
+            return Vec::new();
+        }
+        let counts = |status: &&Status<'_>| status.rule.is_some_and(|rule| !rule.shadow_mode);
+        let mut counting = self.statuses.iter().filter(counts);
+        let chosen = if self.denied {
+            counting.find(|status| status.is_over())
+        } else {
+            counting.min_by_key(|status| status.decision.remaining())
+        };
+        let Some(status) = chosen else {
+            return Vec::new();
+        };
+        let Some(policy) = status
+            .rule
+            .and_then(|rule| self.generation.policies.get(&rule.id))
+        else {
+            return Vec::new();
+        };
+        let wanted = |name: &str| match set {
+            FieldSet::None => false,
+            FieldSet::All => true,
+            FieldSet::Draft => !name.starts_with("x-"),
+            FieldSet::Legacy => !name.starts_with("ratelimit"),
+        };
+        policy
+            .fields(&status.decision, Some(status.quota))
+            .iter()
+            .filter(|(name, _)| wanted(name.as_str()))
+            .filter_map(|(name, value)| Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned())))
+            .collect()
+    }
+}
+
+fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}

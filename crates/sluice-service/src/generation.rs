@@ -1,0 +1,126 @@
+//! One generation of rules and the counters they are counted on: what a reload replaces whole.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use sluice::{AlgorithmKind, KeyedBuildError};
+use sluice_descriptors::{Limit, RuleId, RuleSet};
+use sluice_http::FieldPolicy;
+
+use crate::counters::{self, QuotaTable, RuleQuotas};
+use crate::engine::BuildError;
+use crate::settings::EngineSettings;
+use crate::stats::RuleStats;
+use crate::store::{CounterStore, InMemory, OnRedis, RedisCounters};
+
+/// One generation of rules and the counters they are counted on.
+pub(crate) struct Generation {
+    pub(crate) rules: RuleSet,
+    /// The policies answers name, by rule.
+    pub(crate) policies: HashMap<RuleId, FieldPolicy>,
+    /// The quotas of its rules, by counter key.
+    pub(crate) quotas: RuleQuotas,
+    pub(crate) store: Box<dyn CounterStore>,
+    /// Each rule's decisions, carried from the generation before while the rule keeps its
+    /// place.
+    pub(crate) stats: HashMap<RuleId, Arc<RuleStats>>,
+}
+
+impl Generation {
+    /// The generation of `rules`. In memory after a generation in memory, its limiters stay
+    /// with every counter in place and read the new quotas once nothing else can fail (see
+    /// [`crate::Engine::reload`]); a limiter is built only for an algorithm new to the rules.
+    pub(crate) fn build(
+        rules: RuleSet,
+        settings: &EngineSettings,
+        redis: Option<&RedisCounters>,
+        previous: Option<&Generation>,
+    ) -> Result<Self, BuildError> {
+        let stats = rules
+            .rules()
+            .map(|rule| {
+                let held = previous.and_then(|p| p.stats.get(&rule.id));
+                (rule.id.clone(), held.cloned().unwrap_or_default())
+            })
+            .collect();
+        let mut quotas = HashMap::new();
+        let mut policies = HashMap::new();
+        let mut kinds = vec![settings.algorithm];
+        for rule in rules.rules() {
+            let kind = rule.algorithm.unwrap_or(settings.algorithm);
+            if let Limit::Quota(quota) = rule.limit {
+                if redis.is_some() {
+                    sluice_redis::check_quota(kind, &quota).map_err(|source| BuildError::Redis {
+                        rule: rule.id.to_string(),
+                        source: Box::new(source),
+                    })?;
+                }
+                quotas.insert(rule.id.clone(), quota);
+            }
+            if let Some(policy) = policy_of(rule.name.as_deref()) {
+                policies.insert(rule.id.clone(), policy);
+            }
+            if !kinds.contains(&kind) {
+                kinds.push(kind);
+            }
+        }
+        let mut table = QuotaTable::new(quotas);
+        if let Some(by_value) = &settings.by_value {
+            table = table.by_value(&rules, by_value);
+        }
+        let held = previous.and_then(|p| Some((p.store.in_memory()?, &p.quotas)));
+        let (quotas, store): (RuleQuotas, Box<dyn CounterStore>) = match (redis, held) {
+            (None, Some((held, quotas))) => {
+                let by_kind = kinds
+                    .into_iter()
+                    .map(|kind| {
+                        let kept = held
+                            .by_kind
+                            .iter()
+                            .find(|(k, _)| *k == kind)
+                            .map(|(_, c)| Arc::clone(c));
+                        match kept {
+                            Some(counters) => Ok((kind, counters)),
+                            None => Ok((kind, counters::build(kind, quotas.clone(), settings.counters)?)),
+                        }
+                    })
+                    .collect::<Result<_, KeyedBuildError>>()?;
+                quotas.replace(table);
+                (quotas.clone(), Box::new(InMemory { by_kind }))
+            }
+            (None, None) => {
+                let quotas = RuleQuotas::new(table, settings.counters.fetch_latency);
+                let by_kind = kinds
+                    .into_iter()
+                    .map(|kind| Ok((kind, counters::build(kind, quotas.clone(), settings.counters)?)))
+                    .collect::<Result<_, KeyedBuildError>>()?;
+                (quotas, Box::new(InMemory { by_kind }))
+            }
+            (Some(redis), _) => {
+                let quotas = RuleQuotas::new(table, settings.counters.fetch_latency);
+                let store = OnRedis::build(&kinds, &quotas, redis, settings.counters)
+                    .map_err(|e| BuildError::RedisLimiter(Box::new(e)))?;
+                (quotas, Box::new(store))
+            }
+        };
+        Ok(Self {
+            rules,
+            policies,
+            quotas,
+            store,
+            stats,
+        })
+    }
+
+    /// Whether limits of `kind` are counted in this generation.
+    pub(crate) fn counts(&self, kind: AlgorithmKind) -> bool {
+        self.store.has(kind)
+    }
+}
+
+/// The policy answers name for a rule called `name` (`sluice` for a rule with no name, or a
+/// name the field cannot carry).
+fn policy_of(name: Option<&str>) -> Option<FieldPolicy> {
+    name.and_then(FieldPolicy::new)
+        .or_else(|| FieldPolicy::new("sluice"))
+}

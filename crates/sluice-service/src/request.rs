@@ -1,0 +1,199 @@
+//! What a front end asks the engine: a domain and its descriptors, owned ([`CheckRequest`], as
+//! RLS and the check API read it off the wire) or borrowed ([`Request`], what the engine
+//! decides: the HTTP layer builds one on its stack), and the bounds a request must keep.
+
+use sluice::Quota;
+use sluice_descriptors::Entry;
+
+/// One descriptor of a request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DescriptorRequest {
+    /// Its key/value entries, in order.
+    pub entries: Vec<(String, String)>,
+    /// Hits for this descriptor, in place of the request's.
+    pub hits: Option<u64>,
+    /// A quota the caller sets for it, in place of its rule's.
+    pub limit: Option<Quota>,
+}
+
+/// A request to decide.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CheckRequest {
+    /// The domain whose rules apply.
+    pub domain: String,
+    /// Its descriptors.
+    pub descriptors: Vec<DescriptorRequest>,
+    /// Hits each descriptor adds (1 if not given).
+    pub hits: Option<u64>,
+}
+
+/// Bounds on one request: beyond them it is refused as invalid, before anything is counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestBounds {
+    /// Descriptors per request.
+    pub descriptors: usize,
+    /// Entries per descriptor.
+    pub entries: usize,
+    /// Bytes of the domain and of each key and value.
+    pub text_bytes: usize,
+}
+
+impl Default for RequestBounds {
+    fn default() -> Self {
+        Self {
+            descriptors: 64,
+            entries: 16,
+            text_bytes: 1024,
+        }
+    }
+}
+
+/// Why a request was not decided.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RequestError {
+    /// No domain.
+    #[error("domain is empty")]
+    NoDomain,
+    /// No descriptors.
+    #[error("descriptors is empty")]
+    NoDescriptors,
+    /// Too many descriptors.
+    #[error("{count} descriptors, at most {max}")]
+    TooManyDescriptors {
+        /// Sent.
+        count: usize,
+        /// Allowed.
+        max: usize,
+    },
+    /// A descriptor with no entries, or too many.
+    #[error("descriptors[{index}] has {count} entries, 1 to {max} allowed")]
+    Entries {
+        /// The descriptor.
+        index: usize,
+        /// Sent.
+        count: usize,
+        /// Allowed.
+        max: usize,
+    },
+    /// A domain, key or value too long.
+    #[error("{field} is {len} bytes, at most {max}")]
+    TooLong {
+        /// Where.
+        field: String,
+        /// Sent.
+        len: usize,
+        /// Allowed.
+        max: usize,
+    },
+}
+
+/// One descriptor as the engine decides it, borrowed from the caller.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Descriptor<'a> {
+    pub(crate) entries: &'a [Entry<'a>],
+    /// What it takes from its limit (0 looks without taking).
+    pub(crate) hits: u64,
+    /// A quota the caller sets for it, in place of its rule's.
+    pub(crate) limit: Option<Quota>,
+}
+
+/// A request as the engine decides it, borrowed from the caller.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Request<'a> {
+    pub(crate) domain: &'a str,
+    pub(crate) descriptors: &'a [Descriptor<'a>],
+}
+
+impl CheckRequest {
+    /// Each descriptor's entries, borrowed as the engine reads them.
+    pub(crate) fn entries(&self) -> Vec<Vec<Entry<'_>>> {
+        (self.descriptors.iter())
+            .map(|descriptor| {
+                (descriptor.entries.iter())
+                    .map(|(key, value)| Entry { key, value })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// The descriptors over `entries` (as [`entries`](Self::entries) gave them), each one's
+    /// hits resolved: its own, else the request's, else 1 (0 counts as not given).
+    pub(crate) fn descriptors<'a>(&self, entries: &'a [Vec<Entry<'a>>]) -> Vec<Descriptor<'a>> {
+        let hits = self.hits.filter(|h| *h > 0).unwrap_or(1);
+        (self.descriptors.iter().zip(entries))
+            .map(|(descriptor, entries)| Descriptor {
+                entries,
+                hits: descriptor.hits.filter(|h| *h > 0).unwrap_or(hits),
+                limit: descriptor.limit,
+            })
+            .collect()
+    }
+}
+
+impl Request<'_> {
+    /// Whether the request keeps `bounds`; the first thing out of them, if not.
+    pub(crate) fn validate(&self, bounds: RequestBounds) -> Result<(), RequestError> {
+        // The field is named only for a text too long: most requests name none.
+        let long = |field: &dyn Fn() -> String, text: &str| {
+            (text.len() > bounds.text_bytes).then(|| RequestError::TooLong {
+                field: field(),
+                len: text.len(),
+                max: bounds.text_bytes,
+            })
+        };
+        if self.domain.is_empty() {
+            return Err(RequestError::NoDomain);
+        }
+        if let Some(e) = long(&|| "domain".into(), self.domain) {
+            return Err(e);
+        }
+        let count = self.descriptors.len();
+        if count == 0 {
+            return Err(RequestError::NoDescriptors);
+        }
+        if count > bounds.descriptors {
+            return Err(RequestError::TooManyDescriptors {
+                count,
+                max: bounds.descriptors,
+            });
+        }
+        for (index, descriptor) in self.descriptors.iter().enumerate() {
+            let count = descriptor.entries.len();
+            if count == 0 || count > bounds.entries {
+                return Err(RequestError::Entries {
+                    index,
+                    count,
+                    max: bounds.entries,
+                });
+            }
+            for (i, entry) in descriptor.entries.iter().enumerate() {
+                if let Some(e) = long(&|| format!("descriptors[{index}].entries[{i}].key"), entry.key)
+                    .or_else(|| {
+                        long(
+                            &|| format!("descriptors[{index}].entries[{i}].value"),
+                            entry.value,
+                        )
+                    })
+                {
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A descriptor as the top keys and the denied log name it: `key=value,key=value`.
+pub(crate) fn descriptor_key(entries: &[Entry<'_>]) -> String {
+    let mut key = String::new();
+    for (i, entry) in entries.iter().enumerate() {
+        if i > 0 {
+            key.push(',');
+        }
+        key.push_str(entry.key);
+        key.push('=');
+        key.push_str(entry.value);
+    }
+    key
+}

@@ -1,0 +1,87 @@
+//! The counters in this process: one bounded keyed limiter per algorithm the rules use. A
+//! request's limits are taken in its order; all-or-nothing gives back every take of a denied
+//! request, and limits after a denial are only looked at.
+
+use std::sync::Arc;
+
+use sluice::{AlgorithmKind, KeyedMetrics, Quota, Receipt};
+use smallvec::SmallVec;
+
+use super::{Counted, CounterStore, Tally};
+use crate::answer::Status;
+use crate::counters::Counters;
+use crate::settings::Counting;
+
+/// The counters of every algorithm the rules use, in this process.
+pub(crate) struct InMemory {
+    pub(crate) by_kind: Vec<(AlgorithmKind, Arc<dyn Counters>)>,
+}
+
+impl InMemory {
+    pub(crate) fn get(&self, kind: AlgorithmKind) -> Option<&dyn Counters> {
+        (self.by_kind.iter())
+            .find(|(k, _)| *k == kind)
+            .map(|(_, counters)| &**counters)
+    }
+
+    /// Every limiter's counts, summed.
+    pub(crate) fn metrics(&self) -> KeyedMetrics {
+        let mut sum = KeyedMetrics::default();
+        for (_, counters) in &self.by_kind {
+            sum += counters.metrics();
+        }
+        sum
+    }
+}
+
+impl CounterStore for InMemory {
+    fn has(&self, kind: AlgorithmKind) -> bool {
+        self.by_kind.iter().any(|(k, _)| *k == kind)
+    }
+
+    fn quota_of(&self, kind: AlgorithmKind, key: &str) -> Option<Quota> {
+        self.get(kind)?.quota_of(key)
+    }
+
+    fn answers_now(&self) -> bool {
+        true
+    }
+
+    fn count<'a, 'g: 'a>(&'a self, tally: &'a mut Tally<'g>, counting: Counting) -> Counted<'a> {
+        let all_or_nothing = counting == Counting::AllOrNothing;
+        // Takes to give back if the request is denied: (count, counters, receipt).
+        let mut taken: SmallVec<[(usize, &dyn Counters, Receipt); 2]> = SmallVec::new();
+        let mut denied = false;
+        for (at, count) in tally.counts.iter().enumerate() {
+            let Some(counters) = self.get(count.kind) else {
+                continue;
+            };
+            // After a denial that counts, the rest are only looked at.
+            let cost = if denied && all_or_nothing { 0 } else { count.cost };
+            let key = tally.keys.get(count.key.clone()).unwrap_or_default();
+            let (answer, quota) = counters.take_quoted(key, cost);
+            let answer = answer.map(|(decision, receipt)| {
+                if decision.is_allowed() && cost > 0 {
+                    taken.push((at, counters, receipt));
+                }
+                decision
+            });
+            let status = Status::of(count.rule, quota, answer);
+            denied |= status.denies();
+            tally.statuses[count.index] = status;
+        }
+        if denied && all_or_nothing {
+            for (at, counters, receipt) in taken {
+                let count = &tally.counts[at];
+                let key = tally.keys.get(count.key.clone()).unwrap_or_default();
+                counters.give_back(key, receipt, count.cost);
+                tally.statuses[count.index].given_back(count.cost);
+            }
+        }
+        Counted::Now(denied)
+    }
+
+    fn in_memory(&self) -> Option<&InMemory> {
+        Some(self)
+    }
+}

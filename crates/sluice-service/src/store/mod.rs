@@ -1,0 +1,80 @@
+//! Where the counters are: one interface ([`CounterStore`]) that counts a request's limits, and
+//! its two implementations, in this process ([`InMemory`]) and on Redis ([`OnRedis`]). The
+//! decision ([`crate::decide`]) plans the limits and records the answer; only the counting in
+//! between differs by store.
+
+mod memory;
+mod redis;
+
+use std::future::Future;
+use std::ops::Range;
+use std::pin::Pin;
+
+use sluice::{AlgorithmKind, Quota};
+use sluice_descriptors::Rule;
+use smallvec::SmallVec;
+
+use crate::answer::Status;
+use crate::settings::Counting;
+
+pub(crate) use memory::InMemory;
+pub(crate) use redis::OnRedis;
+pub use redis::RedisCounters;
+
+/// One limit a request's descriptor is counted against.
+#[derive(Debug)]
+pub(crate) struct Count<'g> {
+    /// The descriptor's place in the request.
+    pub(crate) index: usize,
+    pub(crate) rule: &'g Rule,
+    pub(crate) kind: AlgorithmKind,
+    /// Its counter's key, in [`Tally::keys`].
+    pub(crate) key: Range<usize>,
+    /// What it takes (0 looks).
+    pub(crate) cost: u64,
+    /// Its rule's quota, or the request's override: what a status names when the store
+    /// cannot say which quota its counter holds.
+    pub(crate) quota: Quota,
+}
+
+/// A request's limits being counted, and each descriptor's status (unlimited until counted).
+#[derive(Debug)]
+pub(crate) struct Tally<'g> {
+    /// The counters' keys, one after another.
+    pub(crate) keys: String,
+    pub(crate) counts: SmallVec<[Count<'g>; 2]>,
+    pub(crate) statuses: SmallVec<[Status<'g>; 2]>,
+}
+
+impl Tally<'_> {
+    /// The key of `count`'s counter.
+    pub(crate) fn key(&self, count: &Count<'_>) -> &str {
+        self.keys.get(count.key.clone()).unwrap_or_default()
+    }
+}
+
+/// A count on a store, in flight.
+pub(crate) type Later<'a> = Pin<Box<dyn Future<Output = bool> + Send + 'a>>;
+
+/// The answer of [`CounterStore::count`]: whether the request is denied, now or later.
+pub(crate) enum Counted<'a> {
+    Now(bool),
+    Later(Later<'a>),
+}
+
+/// The counters of one generation of rules, by algorithm.
+pub(crate) trait CounterStore: Send + Sync {
+    /// Whether limits of `kind` are counted here.
+    fn has(&self, kind: AlgorithmKind) -> bool;
+    /// The quota `key`'s counter of `kind` is held under now, if known.
+    fn quota_of(&self, kind: AlgorithmKind, key: &str) -> Option<Quota>;
+    /// Whether [`count`](Self::count) answers at once (in this process).
+    fn answers_now(&self) -> bool;
+    /// Counts every limit of `tally` under `counting`, writing each one's status; whether a
+    /// limit that may deny (not in shadow mode) denied the request.
+    fn count<'a, 'g: 'a>(&'a self, tally: &'a mut Tally<'g>, counting: Counting) -> Counted<'a>;
+    /// The counters as held in this process, for the reload and the metrics.
+    fn in_memory(&self) -> Option<&InMemory> {
+        None
+    }
+}

@@ -1,0 +1,296 @@
+//! Counters on Redis: the engine's limits shared by every `sluice serve` on the same Redis.
+//!
+//! One [`RedisLimiter`] per algorithm the rules use, keyed by the same counter keys as the
+//! memory counters and given each key's quota by the same [`RuleQuotas`]. The state lives in
+//! Redis, so a reload builds new limiters on the same keys and every count stays (the scripts
+//! carry a count over to a changed quota, as the core does).
+//!
+//! Redis cannot give a take back, so all-or-nothing with several limits looks first (cost 0,
+//! all at once), takes for real only where a limit would deny (a denied take consumes nothing
+//! and says when to retry), and takes the rest only if those admitted; a limit another process
+//! fills between the look and the take denies and leaves what the others took.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use sluice::{AlgorithmKind, Decision, Quota};
+use sluice_redis::{FailurePolicy, RedisAlgorithm, RedisAlgorithmVisitor, RedisLimiter, RedisStore};
+use smallvec::SmallVec;
+
+use super::{Count, Counted, CounterStore, Tally};
+use crate::answer::Status;
+use crate::counters::{CounterSettings, RuleQuotas};
+use crate::settings::Counting;
+
+/// Where and how the engine's counters are kept on Redis.
+///
+/// # Example
+/// ```no_run
+/// use sluice_redis::{FailurePolicy, RedisOptions, RedisStore};
+/// use sluice_service::RedisCounters;
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = RedisStore::connect("redis://127.0.0.1:6379", RedisOptions::default()).await?;
+/// let redis = RedisCounters {
+///     policy: FailurePolicy::FailClosed,
+///     ..RedisCounters::new(store)
+/// };
+/// # let _ = redis; Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisCounters {
+    /// The connection (or cluster) the counters live on.
+    pub store: RedisStore,
+    /// The answer while Redis does not answer.
+    pub policy: FailurePolicy,
+    /// How many processes share the limits (each one's share under
+    /// [`FailurePolicy::LocalShare`] is `quota / hosts`).
+    pub hosts: u64,
+    /// The prefix of every Redis key the engine writes.
+    pub prefix: String,
+}
+
+impl RedisCounters {
+    /// Counters on `store`, failing open while it does not answer, one host, prefix
+    /// `sluice:descriptors`.
+    pub fn new(store: RedisStore) -> Self {
+        Self {
+            store,
+            policy: FailurePolicy::default(),
+            hosts: 1,
+            prefix: "sluice:descriptors".into(),
+        }
+    }
+}
+
+impl std::fmt::Debug for RedisCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisCounters")
+            .field("policy", &self.policy)
+            .field("hosts", &self.hosts)
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A check on Redis, in flight.
+type Take<'a> = Pin<Box<dyn Future<Output = Result<Decision, sluice_redis::Error>> + Send + 'a>>;
+
+/// One algorithm's counters on Redis.
+trait SharedCounters: Send + Sync {
+    /// Takes `cost` from `key`'s counter if all of it fits (0 peeks): the failure policy
+    /// answers while Redis does not.
+    fn take<'a>(&'a self, key: &'a str, cost: u64) -> Take<'a>;
+    /// The quota `key` is governed by now.
+    fn quota_of(&self, key: &str) -> Quota;
+}
+
+impl<A: RedisAlgorithm> SharedCounters for RedisLimiter<A, RuleQuotas> {
+    fn take<'a>(&'a self, key: &'a str, cost: u64) -> Take<'a> {
+        Box::pin(self.check_n(key, cost))
+    }
+
+    fn quota_of(&self, key: &str) -> Quota {
+        RedisLimiter::quota_of(self, key)
+    }
+}
+
+/// How long a request is told to wait when Redis cannot decide its limit at all.
+const UNDECIDED_RETRY_NS: u64 = 1_000_000_000;
+
+/// A take on Redis as a decision. Outages are answered inside the limiter, by its failure
+/// policy; a cost beyond the quota is the error; a quota Redis cannot hold exactly (a
+/// request's own override) is denied, and logged.
+async fn decide(counters: &dyn SharedCounters, key: &str, cost: u64) -> Result<Decision, sluice::CheckError> {
+    match counters.take(key, cost).await {
+        Ok(decision) => Ok(decision),
+        Err(sluice_redis::Error::Check(e)) => Err(e),
+        Err(e) => {
+            tracing::error!(key, "cannot decide on Redis: {e}; denying");
+            Ok(Decision::denied(0, 0, 0, UNDECIDED_RETRY_NS))
+        }
+    }
+}
+
+/// The Redis limiter of `kind` over `quotas`.
+fn build(
+    kind: AlgorithmKind,
+    quotas: RuleQuotas,
+    redis: &RedisCounters,
+    settings: CounterSettings,
+) -> Result<Arc<dyn SharedCounters>, sluice_redis::Error> {
+    struct Build<'a>(RuleQuotas, &'a RedisCounters, CounterSettings);
+    impl RedisAlgorithmVisitor for Build<'_> {
+        type Output = Result<Arc<dyn SharedCounters>, sluice_redis::Error>;
+        fn visit<A: RedisAlgorithm>(self, algorithm: A) -> Self::Output {
+            let Build(quotas, redis, settings) = self;
+            // As in memory: a key whose rule is gone is admitted nothing.
+            let builder = RedisLimiter::builder(algorithm, settings.failsafe)
+                .source(quotas)
+                .unknown_key_quota(Quota::deny_all())
+                .policy(redis.policy)
+                .hosts(redis.hosts)
+                .prefix(redis.prefix.clone())
+                .capacity(settings.capacity)
+                .refresh_every(settings.refresh);
+            let builder = match settings.failsafe_pool {
+                Some(pool) => builder.failsafe_pool(pool),
+                None => builder,
+            };
+            Ok(Arc::new(builder.build(redis.store.clone())?))
+        }
+    }
+    sluice_redis::visit_scripted(kind, Build(quotas, redis, settings))?
+}
+
+/// The counters of every algorithm the rules use, on Redis.
+pub(crate) struct OnRedis {
+    by_kind: Vec<(AlgorithmKind, Arc<dyn SharedCounters>)>,
+}
+
+impl OnRedis {
+    /// A limiter per algorithm of `kinds` on `redis`, over `quotas`.
+    pub(crate) fn build(
+        kinds: &[AlgorithmKind],
+        quotas: &RuleQuotas,
+        redis: &RedisCounters,
+        settings: CounterSettings,
+    ) -> Result<Self, sluice_redis::Error> {
+        let by_kind = (kinds.iter())
+            .map(|&kind| Ok((kind, build(kind, quotas.clone(), redis, settings)?)))
+            .collect::<Result<_, sluice_redis::Error>>()?;
+        Ok(Self { by_kind })
+    }
+
+    fn get(&self, kind: AlgorithmKind) -> Option<&dyn SharedCounters> {
+        (self.by_kind.iter())
+            .find(|(k, _)| *k == kind)
+            .map(|(_, counters)| &**counters)
+    }
+
+    /// Each limit's decision for `cost` of it, all at once, with the quota it names: `None`
+    /// where the cost can never fit its quota.
+    async fn take_all(
+        &self,
+        tally: &Tally<'_>,
+        counts: &[&Count<'_>],
+        cost: impl Fn(&Count<'_>) -> u64,
+    ) -> Vec<(Option<Decision>, Quota)> {
+        let takes = counts.iter().map(|count| {
+            let cost = cost(count);
+            let key = tally.key(count);
+            async move {
+                let Some(counters) = self.get(count.kind) else {
+                    return (None, count.quota);
+                };
+                // The one error left is a cost the quota can never admit.
+                let decision = decide(counters, key, cost).await.ok();
+                (decision, counters.quota_of(key))
+            }
+        });
+        futures_util::future::join_all(takes).await
+    }
+
+    /// All-or-nothing over several limits: look, then take. Whether the request is denied.
+    async fn look_then_take(&self, tally: &mut Tally<'_>) -> bool {
+        let all: SmallVec<[&Count<'_>; 2]> = tally.counts.iter().collect();
+        let looks = self.take_all(tally, &all, |_| 0).await;
+        let short = |count: &Count<'_>, look: &Option<Decision>| {
+            !count.rule.shadow_mode && look.is_none_or(|look| look.remaining() < count.cost)
+        };
+        let any_short = all
+            .iter()
+            .zip(&looks)
+            .any(|(count, (look, _))| short(count, look));
+        if !any_short {
+            let decisions = self.take_all(tally, &all, |count| count.cost).await;
+            return settle(&mut tally.statuses, &all, decisions);
+        }
+        // Take only where a limit would deny: a denied take consumes nothing and says when to
+        // retry. The rest keep what their look said.
+        let (deciding, looked): (SmallVec<[_; 2]>, SmallVec<[_; 2]>) = all
+            .iter()
+            .zip(looks)
+            .partition(|(count, (look, _))| short(count, look));
+        let deciding: SmallVec<[&Count<'_>; 2]> = deciding.into_iter().map(|(count, _)| *count).collect();
+        let decisions = self.take_all(tally, &deciding, |count| count.cost).await;
+        let mut statuses = tally.statuses.clone();
+        if settle(&mut statuses, &deciding, decisions) {
+            for (count, (look, quota)) in looked {
+                statuses[count.index] = match look {
+                    // What a take would have said: over, if the look leaves less than the cost
+                    // (a shadow limit, which never decides).
+                    Some(look) if look.remaining() < count.cost => Status::of(
+                        count.rule,
+                        quota,
+                        Ok(Decision::denied(
+                            look.limit(),
+                            look.remaining(),
+                            look.reset_after_nanos(),
+                            look.retry_after_nanos(),
+                        )),
+                    ),
+                    Some(look) => Status::of(count.rule, quota, Ok(look)),
+                    None => Status::never_fits(count.rule, quota, count.cost),
+                };
+            }
+            tally.statuses = statuses;
+            return true;
+        }
+        // Another process freed what was short between the look and the take: those took,
+        // so the rest take too.
+        let rest: SmallVec<[&Count<'_>; 2]> = looked.into_iter().map(|(count, _)| *count).collect();
+        let decisions = self.take_all(tally, &rest, |count| count.cost).await;
+        let denied = settle(&mut statuses, &rest, decisions);
+        tally.statuses = statuses;
+        denied
+    }
+}
+
+impl CounterStore for OnRedis {
+    fn has(&self, kind: AlgorithmKind) -> bool {
+        self.by_kind.iter().any(|(k, _)| *k == kind)
+    }
+
+    fn quota_of(&self, kind: AlgorithmKind, key: &str) -> Option<Quota> {
+        Some(self.get(kind)?.quota_of(key))
+    }
+
+    fn answers_now(&self) -> bool {
+        false
+    }
+
+    fn count<'a, 'g: 'a>(&'a self, tally: &'a mut Tally<'g>, counting: Counting) -> Counted<'a> {
+        let look_first =
+            counting == Counting::AllOrNothing && tally.counts.iter().filter(|c| c.cost > 0).count() > 1;
+        Counted::Later(Box::pin(async move {
+            if look_first {
+                return self.look_then_take(tally).await;
+            }
+            let all: SmallVec<[&Count<'_>; 2]> = tally.counts.iter().collect();
+            let decisions = self.take_all(tally, &all, |count| count.cost).await;
+            let mut statuses = tally.statuses.clone();
+            let denied = settle(&mut statuses, &all, decisions);
+            tally.statuses = statuses;
+            denied
+        }))
+    }
+}
+
+/// Writes each limit's status from its decision. Whether any limit that may deny denied.
+fn settle<'g>(
+    statuses: &mut [Status<'g>],
+    counts: &[&Count<'g>],
+    decisions: Vec<(Option<Decision>, Quota)>,
+) -> bool {
+    let mut denied = false;
+    for (count, (decision, quota)) in counts.iter().zip(decisions) {
+        let status = match decision {
+            Some(decision) => Status::of(count.rule, quota, Ok(decision)),
+            None => Status::never_fits(count.rule, quota, count.cost),
+        };
+        denied |= status.denies();
+        statuses[count.index] = status;
+    }
+    denied
+}
