@@ -141,10 +141,12 @@ where
         let now = inner.clock.now();
         let since = entry.since_epoch(now);
         let limit = entry.limit;
+        // Its generation changes only under the write lock: stable while this guard is held.
+        let tag = entry.tag(entry.meta.load(Ordering::Relaxed));
         let checked = if since > limit.horizon {
             None
         } else if limit.pooled {
-            inner.decide_pooled(limit, &entry.state, entry.epoch, since, now, cost)
+            inner.decide_pooled(limit, &entry.state, tag, since, now, cost)
         } else {
             // Fetched meanwhile: its own quota, no pool.
             let result = decide(
@@ -158,7 +160,7 @@ where
             result.map(|result| Checked {
                 result,
                 limit,
-                receipt: Receipt::new(since, entry.epoch),
+                receipt: Receipt::new(since, tag),
             })
         };
         let Some(checked) = checked else {
@@ -236,9 +238,9 @@ impl<K, A: Algorithm, S, C> Inner<K, A, S, C> {
     #[inline(never)]
     fn decide_apart(&self, key: K, limit: LimitRef<A>, bits: u64, now: u64, cost: u64) -> Checked<A> {
         let scratch = Entry::new(&self.algorithm, key, limit, now, bits);
-        // A fresh state is never retired.
+        // A fresh state is never retired. (Its receipt's name is dropped below.)
         let checked = self
-            .decide_pooled(limit, &scratch.state, now, 0, now, cost)
+            .decide_pooled(limit, &scratch.state, 0, 0, now, cost)
             .unwrap_or_else(|| self.retired(limit));
         // Nothing was stored, so nothing can be given back.
         Checked {
@@ -254,9 +256,10 @@ impl<K, A: Algorithm, S, C> Inner<K, A, S, C> {
         let since = entry.since_epoch(now).min(limit.horizon);
         // Tested before deciding, so that the common path builds its answer where it returns
         // it (carrying one through the pool's call costs it about 30 instructions).
+        let tag = entry.tag(entry.meta.load(Ordering::Relaxed));
         if limit.pooled {
             return self
-                .decide_pooled(limit, &entry.state, entry.epoch, since, now, cost)
+                .decide_pooled(limit, &entry.state, tag, since, now, cost)
                 .unwrap_or_else(|| self.retired(limit));
         }
         // Under the write lock (or on a private entry) the state cannot be retired.
@@ -272,7 +275,7 @@ impl<K, A: Algorithm, S, C> Inner<K, A, S, C> {
         Checked {
             result,
             limit,
-            receipt: Receipt::new(since, entry.tag(entry.meta.load(Ordering::Relaxed))),
+            receipt: Receipt::new(since, tag),
         }
     }
 
@@ -286,15 +289,16 @@ impl<K, A: Algorithm, S, C> Inner<K, A, S, C> {
         }
     }
 
-    /// Decides `cost` on a state of `limit` (epoch `epoch`) at `since` past it, and then on
-    /// the failsafe pool; `None` if the state was retired.
+    /// Decides `cost` on a state of `limit` at `since` past its epoch, and then on the failsafe
+    /// pool; `None` if the state was retired. `tag` is the state's name (`Entry::tag`), which
+    /// the receipt carries: the epoch alone would not tell the states of one entry apart.
     #[cold]
     #[inline(never)]
     fn decide_pooled(
         &self,
         limit: LimitRef<A>,
         state: &A::State,
-        epoch: u64,
+        tag: u64,
         since: u64,
         now: u64,
         cost: u64,
@@ -303,7 +307,7 @@ impl<K, A: Algorithm, S, C> Inner<K, A, S, C> {
         let checked = Checked {
             result,
             limit,
-            receipt: Receipt::new(since, epoch),
+            receipt: Receipt::new(since, tag),
         };
         Some(self.through_pool(checked, state, now, cost))
     }

@@ -15,8 +15,9 @@ where
     S: QuotaSource<K>,
     C: Clock + 'static,
 {
-    /// [`KeyedLimiter::check_n`], also returning what a refund needs: the entry's epoch and the
-    /// time given to the algorithm. A key that is not stored (refused by a full store) is
+    /// [`KeyedLimiter::check_n`], also returning what a refund needs: the name of the state it
+    /// was decided on (`Entry::tag`, on every path, pooled or not) and the time given to the
+    /// algorithm. A key that is not stored (refused by a full store) is
     /// decided on a scratch state and its receipt gives nothing back.
     #[inline]
     pub(crate) fn take_n<Q>(&self, key: &Q, cost: u64) -> Result<(Decision, Receipt), CheckError>
