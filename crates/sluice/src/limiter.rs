@@ -2,9 +2,12 @@
 
 #[cfg(all(test, loom))]
 mod loom_tests;
+mod reclaim;
 mod refund;
 #[cfg(all(test, not(loom)))]
 mod tests;
+
+use reclaim::Pinned;
 
 use crate::algorithm::succeed;
 use crate::chain::Receipt;
@@ -33,20 +36,37 @@ use crate::{Algorithm, CheckError, Clock, Decision, MonotonicClock, Quota, Quota
 pub struct RateLimiter<A: Algorithm, C: Clock = MonotonicClock> {
     algorithm: A,
     clock: C,
-    /// The limit in force; always one of `installed`.
+    /// The limit in force: `installed.current`'s.
     current: AtomicPtr<Limit<A>>,
-    /// Every limit ever installed, kept until the limiter drops, because a check may still be
-    /// reading one that was just retired. A quota change or an epoch move adds one; an epoch
-    /// moves at most every 2^39 ns (9 minutes: algorithms refuse quotas they cannot count for
-    /// 2^40 ns, and a move keeps at least half of that), and only for rates with a large
-    /// reduced count, so checks alone never grow it faster. The mutex also serializes
-    /// replacements; checks never take it.
-    /// (`StableBox`: `current` holds a pointer to the newest one.)
-    installed: Mutex<Vec<StableBox<Limit<A>>>>,
+    /// The limit in force and those retired that a check may still be reading. The mutex
+    /// serializes replacements; checks never take it.
+    installed: Mutex<Installed<A>>,
 }
+
+/// The limits a direct limiter owns.
+struct Installed<A: Algorithm> {
+    /// (`StableBox`: `RateLimiter::current` holds a pointer to it.)
+    current: StableBox<Limit<A>>,
+    /// Limits replaced (by a quota change or an epoch move): freed once no check names them
+    /// (see `reclaim`).
+    retired: Vec<StableBox<Limit<A>>>,
+    /// How many retired limits make the next replacement try to free them: a scan makes every
+    /// thread pass a barrier, so it waits for a few, and for twice as many as a scan kept.
+    reclaim_at: usize,
+    /// Limits installed so far, the first included (tests: checks alone must not add many).
+    #[cfg(test)]
+    installs: usize,
+}
+
+/// Retired limits that make a replacement try to free them (a scan costs a process-wide
+/// barrier; under the model checker every replacement scans).
+const RECLAIM_AT: usize = if cfg!(all(test, loom)) { 1 } else { 8 };
 
 /// A quota with its compiled parameters and the state counting against it.
 struct Limit<A: Algorithm> {
+    /// The name receipts give this limit: unique in the process (an address would not do: a
+    /// freed limit's may be reused by its successor).
+    id: u64,
     quota: Quota,
     params: A::Params,
     /// The clock reading the algorithm's time is relative to.
@@ -54,18 +74,48 @@ struct Limit<A: Algorithm> {
     /// The latest clock reading the state can take (epoch + horizon).
     last_valid: u64,
     state: A::State,
+    /// Set where the model checker frees a limit (it is kept, marked): a check reading it
+    /// after that, or not ordered before that, is reported.
+    #[cfg(all(test, loom))]
+    freed: crate::sync::UnsafeCell<bool>,
 }
+
+// SAFETY: only the model checker's build has the mark, whose cell is written once (`free`)
+// and otherwise only read (`Limit::used`); the checker reports any such pair not ordered by
+// the protocol, which is what it is there to find. Every other field is `Sync` already.
+#[cfg(all(test, loom))]
+unsafe impl<A: Algorithm> Sync for Limit<A> {}
+
+/// Names for limits, from 2^63 up: apart from the keyed limiter's (clock readings), so a
+/// receipt handed to the wrong kind of link matches nothing.
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1 << 63);
 
 impl<A: Algorithm> Limit<A> {
     fn new(algorithm: &A, quota: Quota, params: A::Params, epoch: u64, state: A::State) -> Self {
         let last_valid = epoch.saturating_add(algorithm.horizon(&params));
         Self {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             quota,
             params,
             epoch,
             last_valid,
             state,
+            #[cfg(all(test, loom))]
+            freed: crate::sync::UnsafeCell::new(false),
         }
+    }
+
+    /// Marks the end of a check's reading of this limit (the model checker's; nothing
+    /// otherwise).
+    #[inline(always)]
+    fn used(&self) {
+        #[cfg(all(test, loom))]
+        // SAFETY: a shared read of the mark, which is written only when the limit is freed;
+        // the model checker reports a read not ordered before that write.
+        assert!(
+            !unsafe { *self.freed.get().deref() },
+            "a check read a freed limit"
+        );
     }
 }
 
@@ -89,12 +139,19 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
     pub fn with_clock(algorithm: A, quota: Quota, clock: C) -> Result<Self, QuotaError> {
         let params = algorithm.params(&quota)?;
         let state = algorithm.new_state(&params);
+        reclaim::init();
         let limit = StableBox::new(Limit::new(&algorithm, quota, params, clock.now(), state));
         Ok(Self {
             algorithm,
             clock,
             current: AtomicPtr::new(limit.as_non_null().as_ptr()),
-            installed: Mutex::new(vec![limit]),
+            installed: Mutex::new(Installed {
+                current: limit,
+                retired: Vec::new(),
+                reclaim_at: RECLAIM_AT,
+                #[cfg(test)]
+                installs: 1,
+            }),
         })
     }
 
@@ -141,8 +198,9 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
         now: impl Fn() -> u64,
         cost: u64,
     ) -> Result<(Decision, Receipt), CheckError> {
+        let mut pinned = reclaim::pin();
         loop {
-            let limit = self.current();
+            let limit = self.load(&mut pinned);
             let now = now();
             if now > limit.last_valid {
                 self.replace(limit, None, now);
@@ -159,9 +217,10 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
                 since_epoch,
                 cost,
             );
+            let id = limit.id;
+            limit.used();
             if let Some(result) = result {
-                let tag = std::ptr::from_ref(limit) as usize as u64;
-                return result.map(|decision| (decision, Receipt::new(since_epoch, tag)));
+                return result.map(|decision| (decision, Receipt::new(since_epoch, id)));
             }
             // The state was retired: its successor is being published.
             crate::sync::spin_loop();
@@ -170,14 +229,23 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
 
     /// The quota in force.
     pub fn quota(&self) -> Quota {
-        self.current().quota
+        let mut pinned = reclaim::pin();
+        let limit = self.load(&mut pinned);
+        let quota = limit.quota;
+        limit.used();
+        quota
     }
 
-    fn current(&self) -> &Limit<A> {
-        // SAFETY: `current` always holds the pointer of one of `installed`, whose limits are
-        // freed only when the limiter drops, which cannot happen while `&self` is borrowed.
-        // Limits are never mutated except through their atomic state.
-        unsafe { &*self.current.load(Ordering::Acquire) }
+    /// The limit in force, until `pinned` drops or loads again.
+    #[inline(always)]
+    fn load<'p>(&self, pinned: &'p mut Pinned) -> &'p Limit<A> {
+        // SAFETY: `current` always holds the pointer of `installed.current`, freed only with
+        // the limiter (not while `&self` lives), or of one just retired, which is freed only by
+        // a scan that finds no slot naming it (`Installed::reclaim`); `protect` returns it
+        // named in this thread's slot until `pinned` drops or protects again, which the borrow
+        // rules out while the reference lives. Limits are never mutated except through their
+        // atomic state.
+        unsafe { &*pinned.protect(&self.current) }
     }
 
     /// The algorithm of this limiter.
@@ -203,15 +271,17 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
     /// ```
     pub fn set_quota(&self, quota: Quota) -> Result<(), QuotaError> {
         let params = self.algorithm.params(&quota)?;
-        self.replace(self.current(), Some((quota, params)), self.clock.now());
+        self.replace(std::ptr::null(), Some((quota, params)), self.clock.now());
         Ok(())
     }
 
-    /// Retires `seen` and installs its successor, under a new quota or (for `None`) the same
-    /// one with the epoch moved to `now`. Does nothing if `seen` was already replaced.
-    fn replace(&self, seen: &Limit<A>, new: Option<(Quota, A::Params)>, now: u64) {
+    /// Retires the limit in force and installs its successor, under a new quota or (for
+    /// `None`) the same one with the epoch moved to `now`. An epoch move does nothing if
+    /// `seen`, the limit it found stale, was already replaced.
+    fn replace(&self, seen: *const Limit<A>, new: Option<(Quota, A::Params)>, now: u64) {
         let mut installed = lock(&self.installed);
-        let current = self.current();
+        let installed = &mut *installed;
+        let current = &*installed.current;
         if new.is_none() && !std::ptr::eq(current, seen) {
             return; // another thread moved the epoch already
         }
@@ -236,8 +306,58 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
         ));
         self.current
             .store(successor.as_non_null().as_ptr(), Ordering::Release);
-        installed.push(successor);
+        let retired = std::mem::replace(&mut installed.current, successor);
+        installed.retired.push(retired);
+        #[cfg(test)]
+        {
+            installed.installs += 1;
+        }
+        if installed.retired.len() >= installed.reclaim_at {
+            installed.reclaim();
+        }
     }
+}
+
+impl<A: Algorithm> Installed<A> {
+    /// Frees the retired limits no check can be reading any more. Called after their
+    /// successors were published, as the scan requires.
+    fn reclaim(&mut self) {
+        // `None`: a nested check holds every limit.
+        let Some(Some(hazards)) = reclaim::domain().hazards() else {
+            return;
+        };
+        #[cfg(all(test, loom))]
+        let hazards = if loom_tests::IGNORE_HAZARDS.get() {
+            Vec::new()
+        } else {
+            hazards
+        };
+        let mut kept = Vec::new();
+        for limit in self.retired.drain(..) {
+            if hazards.contains(&(limit.as_non_null().as_ptr() as usize)) {
+                kept.push(limit);
+            } else {
+                free(limit);
+            }
+        }
+        self.retired = kept;
+        // Checks that hold some back make the next scan wait for more, so scans stay rare.
+        self.reclaim_at = RECLAIM_AT.max(2 * self.retired.len());
+    }
+}
+
+/// Frees a retired limit.
+#[cfg(not(all(test, loom)))]
+fn free<A: Algorithm>(limit: StableBox<Limit<A>>) {
+    drop(limit);
+}
+
+/// Marks a retired limit freed and keeps it, so the model checker sees every read after.
+#[cfg(all(test, loom))]
+fn free<A: Algorithm>(limit: StableBox<Limit<A>>) {
+    // SAFETY: the mark's only write; reads not ordered before it are reported as races.
+    unsafe { *limit.freed.get_mut().deref() = true };
+    std::mem::forget(limit);
 }
 
 impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
@@ -245,17 +365,27 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
     /// the receipt is not at hand: on the limit in force, if `at` falls in its span. Across an
     /// epoch move (same quota, state carried over exactly) that is the take's own state.
     pub(crate) fn refund_at(&self, at: u64, cost: u64) {
-        let limit = self.current();
+        let mut pinned = reclaim::pin();
+        let limit = self.load(&mut pinned);
         if at >= limit.epoch && at <= limit.last_valid {
             self.algorithm
                 .refund(&limit.params, &limit.state, at - limit.epoch, cost);
         }
+        limit.used();
     }
 
-    /// How many limits this limiter has installed (tests: checks alone must not add any).
-    #[cfg(all(test, not(loom)))]
+    /// How many limits this limiter has installed, the first included (tests: checks alone
+    /// must not add many).
+    #[cfg(test)]
     fn installed(&self) -> usize {
-        lock(&self.installed).len()
+        lock(&self.installed).installs
+    }
+
+    /// How many limits this limiter holds now: the one in force and those retired but not yet
+    /// freed.
+    #[cfg(test)]
+    fn held(&self) -> usize {
+        1 + lock(&self.installed).retired.len()
     }
 }
 

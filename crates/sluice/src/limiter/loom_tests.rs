@@ -6,11 +6,19 @@
 use loom::sync::Arc;
 use loom::thread;
 
-use super::RateLimiter;
-use crate::sync::{lock, model};
+use super::{RateLimiter, reclaim};
+use crate::sync::{model, model_failure};
 use crate::{ManualClock, Quota, TokenBucket};
 
 type Limiter = RateLimiter<TokenBucket, ManualClock>;
+
+std::thread_local! {
+    /// Makes replacements free every retired limit, named in a slot or not: the broken
+    /// reclamation that `loom_catches_a_limit_freed_under_a_check` must catch. (Std's, set
+    /// outside the model: loom runs a model's threads on the test's own thread, and the other
+    /// tests, on theirs, do not see it.)
+    pub(super) static IGNORE_HAZARDS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
 
 fn quota(text: &str) -> Quota {
     text.parse().expect("a valid quota")
@@ -74,7 +82,7 @@ fn checks_racing_a_quota_change(new_quota: &'static str, new_capacity: u64) {
         let peek = limiter.check_n(0).unwrap();
         assert_eq!(peek.limit(), new_capacity);
         assert_eq!(peek.remaining(), new_capacity - carried - new, "{decisions:?}");
-        assert_eq!(lock(&limiter.installed).len(), 2, "one change installs one limit");
+        assert_eq!(limiter.installed(), 2, "one change installs one limit");
     });
 }
 
@@ -99,7 +107,8 @@ fn loom_an_epoch_move_raced_by_two_checks_happens_once() {
         let clock = ManualClock::new(0);
         let limiter = Arc::new(Limiter::with_clock(TokenBucket, quota("2/s"), clock.clone()).unwrap());
         assert!(limiter.check().is_allowed());
-        clock.set(limiter.current().last_valid + 1);
+        let last_valid = limiter.load(&mut reclaim::pin()).last_valid;
+        clock.set(last_valid + 1);
         let other = {
             let limiter = Arc::clone(&limiter);
             thread::spawn(move || limiter.check())
@@ -108,6 +117,62 @@ fn loom_an_epoch_move_raced_by_two_checks_happens_once() {
         let there = other.join().unwrap();
         assert!(here.is_allowed() && there.is_allowed());
         assert_eq!(limiter.check_n(0).unwrap().remaining(), 0);
-        assert_eq!(lock(&limiter.installed).len(), 2, "the epoch moved once");
+        assert_eq!(limiter.installed(), 2, "the epoch moved once");
+        // The thread that moved it was in a check: the limit it retired waits for a later
+        // replacement, by a thread in none, which frees it (no check is left).
+        limiter.set_quota(quota("2/s")).unwrap();
+        assert_eq!(limiter.held(), 1, "every retired limit freed");
     });
+}
+
+/// A checker thread takes and gives back while the main thread changes the quota twice, and
+/// every replacement tries to free what was retired (see `RECLAIM_AT`): a retired limit is
+/// freed only once no check may still read it (a read of a freed limit, or one not ordered
+/// before the freeing, fails the model), and once the checker is done every retired limit
+/// is freed.
+#[test]
+fn loom_retired_limits_are_freed_after_the_checks_reading_them() {
+    model(|| {
+        let limiter = Arc::new(Limiter::with_clock(TokenBucket, quota("2/s"), ManualClock::new(0)).unwrap());
+        let checker = {
+            let limiter = Arc::clone(&limiter);
+            thread::spawn(move || {
+                let (decision, receipt) = limiter.take_n(1).unwrap();
+                limiter.refund_n(receipt, 1);
+                [decision, limiter.check()]
+            })
+        };
+        limiter.set_quota(quota("3/s")).unwrap();
+        limiter.set_quota(quota("4/s")).unwrap();
+        let decisions = checker.join().unwrap();
+        assert!(
+            decisions.iter().all(|d| [2, 3, 4].contains(&d.limit())),
+            "{decisions:?}"
+        );
+        // With the checker gone, a replacement frees every limit retired before it.
+        limiter.set_quota(quota("5/s")).unwrap();
+        assert_eq!(limiter.held(), 1, "every retired limit freed");
+        assert_eq!(limiter.installed(), 4);
+    });
+}
+
+/// The model has teeth: freeing retired limits without reading the slots lets a check read a
+/// freed limit, and the model reports it.
+#[test]
+fn loom_catches_a_limit_freed_under_a_check() {
+    IGNORE_HAZARDS.set(true);
+    let failure = model_failure(|| {
+        let limiter = Arc::new(Limiter::with_clock(TokenBucket, quota("2/s"), ManualClock::new(0)).unwrap());
+        let checker = {
+            let limiter = Arc::clone(&limiter);
+            thread::spawn(move || limiter.check())
+        };
+        limiter.set_quota(quota("3/s")).unwrap();
+        let _ = checker.join().unwrap();
+    });
+    IGNORE_HAZARDS.set(false);
+    assert!(
+        failure.contains("Causality violation") || failure.contains("a check read a freed limit"),
+        "{failure}"
+    );
 }

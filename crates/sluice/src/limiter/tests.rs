@@ -83,3 +83,39 @@ proptest! {
         }
     }
 }
+
+/// A limiter whose quota changes a million times, while another thread checks it, holds no
+/// more limits at the end than after its first few changes: retired limits are freed.
+#[test]
+fn a_million_quota_changes_hold_a_bounded_number_of_limits() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let limiter = RateLimiter::with_clock(TokenBucket, "10/s".parse().unwrap(), ManualClock::new(0)).unwrap();
+    let quotas: [Quota; 2] = ["10/s".parse().unwrap(), "20/s".parse().unwrap()];
+    let done = AtomicBool::new(false);
+    let most = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !done.load(Ordering::Relaxed) {
+                let _ = limiter.check();
+            }
+        });
+        let mut most = 0;
+        for i in 0..1_000_000 {
+            limiter.set_quota(quotas[i % 2]).unwrap();
+            if i % 1_000 == 0 {
+                most = most.max(limiter.held());
+            }
+        }
+        done.store(true, Ordering::Relaxed);
+        most
+    });
+    assert_eq!(limiter.installed(), 1_000_001);
+    // A scan waits for `RECLAIM_AT` retired limits, and for twice those it had to keep.
+    assert!(most <= 4 * super::RECLAIM_AT, "{most} limits held at once");
+    // With the checker gone, the next scan frees every retired limit.
+    let freed = quotas.iter().cycle().take(1_000).any(|quota| {
+        limiter.set_quota(*quota).unwrap();
+        limiter.held() == 1
+    });
+    assert!(freed, "{} limits held", limiter.held());
+}
