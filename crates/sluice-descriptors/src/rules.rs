@@ -213,7 +213,18 @@ impl DomainRules {
     /// The rule for a request descriptor: the entries walked level by level; at each, an
     /// exact value first, then the longest matching `prefix*`, then the key alone. The rule
     /// is that of the node the last entry reaches, if it has a limit.
-    fn find(&self, entries: &[Entry<'_>]) -> Option<&Rule> {
+    ///
+    /// # Example
+    /// ```
+    /// use sluice_descriptors::{Entry, RuleSet};
+    /// let rules = RuleSet::from_yaml("domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n")?;
+    /// let domain = rules.domain("d").unwrap();
+    /// assert!(domain.find(&[Entry { key: "user", value: "alice" }]).is_some());
+    /// assert!(domain.find(&[Entry { key: "ip", value: "10.0.0.1" }]).is_none());
+    /// # Ok::<(), sluice_descriptors::RulesError>(())
+    /// ```
+    #[inline]
+    pub fn find(&self, entries: &[Entry<'_>]) -> Option<&Rule> {
         let (last, walk) = entries.split_last()?;
         let mut level = &self.top;
         for entry in walk {

@@ -9,6 +9,7 @@ use sluice_descriptors::Rule;
 
 use crate::generation::Generation;
 use crate::settings::FieldSet;
+use crate::store::Count;
 
 /// The answer for one descriptor, or for a whole request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,6 +83,7 @@ impl<'g> Status<'g> {
     };
 
     /// The status of a take's answer under `rule`.
+    #[inline]
     pub(crate) fn of(rule: &'g Rule, quota: Quota, answer: Result<Decision, CheckError>) -> Self {
         match answer {
             Ok(decision) => Self {
@@ -95,6 +97,7 @@ impl<'g> Status<'g> {
     }
 
     /// The status of `hits` its quota can never admit.
+    #[inline]
     pub(crate) fn never_fits(rule: &'g Rule, quota: Quota, hits: u64) -> Self {
         Self {
             rule: Some(rule),
@@ -104,11 +107,13 @@ impl<'g> Status<'g> {
         }
     }
 
+    #[inline]
     pub(crate) fn is_over(&self) -> bool {
         !self.decision.is_allowed()
     }
 
     /// Over a limit that may deny (not in shadow mode).
+    #[inline]
     pub(crate) fn denies(&self) -> bool {
         self.is_over() && self.rule.is_some_and(|rule| !rule.shadow_mode)
     }
@@ -122,6 +127,7 @@ impl<'g> Status<'g> {
 
     /// As the HTTP layer reads it: the decision, or the error of a cost that never fits,
     /// admitted whenever the request was (a shadow rule's denial admits).
+    #[inline]
     pub(crate) fn to_layer(self, denied: bool) -> (Result<Decision, CheckError>, Option<Quota>) {
         if self.rule.is_none() {
             return (Ok(self.decision), None);
@@ -172,9 +178,14 @@ impl<'g> Status<'g> {
     }
 }
 
-/// A decided request: whether it is denied, and each descriptor's status in order.
+/// A decided request: whether it is denied, and the status of each limit counted (a
+/// descriptor no rule limits has none).
 pub(crate) struct Outcome<'a, 'g> {
     pub(crate) denied: bool,
+    /// How many descriptors the request has.
+    pub(crate) descriptors: usize,
+    pub(crate) counts: &'a [Count<'g>],
+    /// One per count, in the same order.
     pub(crate) statuses: &'a [Status<'g>],
     pub(crate) generation: &'a Generation,
 }
@@ -182,9 +193,16 @@ pub(crate) struct Outcome<'a, 'g> {
 impl Outcome<'_, '_> {
     /// The answer for the wire, with the fields of `fields`.
     pub(crate) fn to_verdict(&self, fields: FieldSet) -> Verdict {
+        let mut counted = self.counts.iter().zip(self.statuses).peekable();
+        let statuses = (0..self.descriptors)
+            .map(|index| match counted.next_if(|(count, _)| count.index == index) {
+                Some((_, status)) => status.to_public(),
+                None => Status::UNLIMITED.to_public(),
+            })
+            .collect();
         Verdict {
             overall: if self.denied { Code::OverLimit } else { Code::Ok },
-            statuses: self.statuses.iter().map(|status| status.to_public()).collect(),
+            statuses,
             fields: self.fields(fields),
         }
     }

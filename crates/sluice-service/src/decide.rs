@@ -10,13 +10,12 @@ use std::pin::Pin;
 use std::time::Instant;
 
 use sluice_descriptors::{Limit, Rule};
-use smallvec::SmallVec;
 
-use crate::answer::{Outcome, Status};
+use crate::answer::Outcome;
 use crate::counters::push_counter;
 use crate::engine::Engine;
 use crate::generation::Generation;
-use crate::request::{Request, RequestError, descriptor_key};
+use crate::request::{Descriptor, Request, RequestError, descriptor_key};
 use crate::stats::FrontEnd;
 use crate::store::{Count, Counted, Tally};
 
@@ -64,7 +63,8 @@ impl Engine {
         {
             let generation = self.current.load();
             if generation.store.answers_now() {
-                let mut tally = self.plan(&generation, request, peek, KEYS.with(Cell::take));
+                let mut tally = Tally::new(KEYS.with(Cell::take));
+                self.plan(&generation, request, peek, &mut tally);
                 let now = match generation.store.count(&mut tally, self.settings.counting) {
                     Counted::Now(denied) => Some(denied),
                     Counted::Later(_) => None,
@@ -80,7 +80,8 @@ impl Engine {
         // A store that answers later: the future owns the generation it decides on.
         Decided::Pending(Box::pin(async move {
             let generation = self.current.load_full();
-            let mut tally = self.plan(&generation, request, peek, String::new());
+            let mut tally = Tally::new(String::new());
+            self.plan(&generation, request, peek, &mut tally);
             let denied = match generation.store.count(&mut tally, self.settings.counting) {
                 Counted::Now(denied) => denied,
                 Counted::Later(later) => later.await,
@@ -89,54 +90,71 @@ impl Engine {
         }))
     }
 
-    /// The limits the request's descriptors are counted against: each descriptor's rule (if
-    /// one matches, is not replaced and has a limit), its counter and its cost.
-    /// `keys` is the buffer the counters' keys are written in (emptied first).
-    fn plan<'g>(
-        &self,
-        generation: &'g Generation,
-        request: Request<'_>,
-        peek: bool,
-        mut keys: String,
-    ) -> Tally<'g> {
-        keys.clear();
-        let descriptors = request.descriptors;
-        let rules: SmallVec<[Option<&'g Rule>; 2]> = (descriptors.iter())
-            .map(|descriptor| generation.rules.find(request.domain, descriptor.entries))
-            .collect();
-        let mut tally = Tally {
-            keys,
-            counts: SmallVec::new(),
-            statuses: SmallVec::from_elem(Status::UNLIMITED, descriptors.len()),
+    /// Writes into `tally` the limits the request's descriptors are counted against: each
+    /// descriptor's rule (if one matches, is not replaced and has a limit), its counter and its
+    /// cost. Filled in place, keeping `tally`'s buffers.
+    fn plan<'g>(&self, generation: &'g Generation, request: Request<'_>, peek: bool, tally: &mut Tally<'g>) {
+        tally.keys.clear();
+        tally.counts.clear();
+        let Some(domain) = generation.rules.domain(request.domain) else {
+            return;
         };
-        for (index, (descriptor, rule)) in descriptors.iter().zip(&rules).enumerate() {
-            let Some(rule) = rule.filter(|rule| !is_replaced(rule, &rules)) else {
-                continue;
-            };
-            let quota = match (descriptor.limit, rule.limit) {
-                (Some(quota), _) | (None, Limit::Quota(quota)) => quota,
-                (None, Limit::Unlimited) => continue,
-            };
-            let kind = rule.algorithm.unwrap_or(self.settings.algorithm);
-            if !generation.counts(kind) {
-                continue;
+        let descriptors = request.descriptors.iter().enumerate();
+        if !generation.replacing {
+            for (index, descriptor) in descriptors {
+                if let Some(rule) = domain.find(descriptor.entries) {
+                    self.plan_one(generation, (index, descriptor, rule), peek, tally);
+                }
             }
-            let start = tally.keys.len();
-            push_counter(&mut tally.keys, rule, descriptor.entries, descriptor.limit);
-            tally.counts.push(Count {
-                index,
-                rule,
-                kind,
-                key: start..tally.keys.len(),
-                cost: if peek { 0 } else { descriptor.hits },
-                quota,
-            });
+            return;
         }
-        tally
+        // Every descriptor's rule first: one may replace another's.
+        let rules: Vec<Option<&'g Rule>> = (request.descriptors.iter())
+            .map(|descriptor| domain.find(descriptor.entries))
+            .collect();
+        let replaced: Vec<&str> = (rules.iter().flatten())
+            .flat_map(|rule| rule.replaces.iter().map(String::as_str))
+            .collect();
+        for ((index, descriptor), rule) in descriptors.zip(rules) {
+            let Some(rule) = rule else { continue };
+            if !rule.name.as_deref().is_some_and(|name| replaced.contains(&name)) {
+                self.plan_one(generation, (index, descriptor, rule), peek, tally);
+            }
+        }
+    }
+
+    /// Adds to `tally` the limit of the descriptor at `index` under `rule`, if it has one.
+    #[inline]
+    fn plan_one<'g>(
+        &self,
+        generation: &Generation,
+        (index, descriptor, rule): (usize, &Descriptor<'_>, &'g Rule),
+        peek: bool,
+        tally: &mut Tally<'g>,
+    ) {
+        let quota = match (descriptor.limit, rule.limit) {
+            (Some(quota), _) | (None, Limit::Quota(quota)) => quota,
+            (None, Limit::Unlimited) => return,
+        };
+        let kind = rule.algorithm.unwrap_or(self.settings.algorithm);
+        if !generation.counts(kind) {
+            return;
+        }
+        let start = tally.keys.len();
+        push_counter(&mut tally.keys, rule, descriptor.entries, descriptor.limit);
+        tally.counts.push(Count {
+            index,
+            rule,
+            kind,
+            key: start..tally.keys.len(),
+            cost: if peek { 0 } else { descriptor.hits },
+            quota,
+        });
     }
 
     /// Records a decided request (unless it was a look) and lets the front end read it.
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     fn finish<T>(
         &self,
         generation: &Generation,
@@ -148,13 +166,15 @@ impl Engine {
         read: impl FnOnce(&Outcome<'_, '_>) -> T,
     ) -> T {
         if !peek {
-            self.record(generation, request, &tally.statuses);
+            self.record(generation, request, tally);
         }
         if let (Some(front), Some(started)) = (front, started) {
             self.record_latency(front, started.elapsed());
         }
         read(&Outcome {
             denied,
+            descriptors: request.descriptors.len(),
+            counts: &tally.counts,
             statuses: &tally.statuses,
             generation,
         })
@@ -162,9 +182,11 @@ impl Engine {
 
     /// Counts each limited status of a decided request under its rule, and logs a denial
     /// (paced).
-    fn record(&self, generation: &Generation, request: Request<'_>, statuses: &[Status<'_>]) {
-        for (status, descriptor) in statuses.iter().zip(request.descriptors) {
-            let Some(rule) = status.rule else { continue };
+    fn record(&self, generation: &Generation, request: Request<'_>, tally: &Tally<'_>) {
+        for (count, status) in tally.counts.iter().zip(&tally.statuses) {
+            let (Some(rule), Some(descriptor)) = (status.rule, request.descriptors.get(count.index)) else {
+                continue;
+            };
             let over = status.is_over();
             if over && !rule.shadow_mode {
                 self.log_denied(rule, || descriptor_key(descriptor.entries));
@@ -190,15 +212,4 @@ impl Engine {
             tracing::info!(target: "sluice::denied", rule = %rule.id, key = key(), "denied");
         }
     }
-}
-
-/// Whether some other matched rule replaces `rule` (names it in its `replaces`).
-fn is_replaced(rule: &Rule, matched: &[Option<&Rule>]) -> bool {
-    let Some(name) = rule.name.as_deref() else {
-        return false;
-    };
-    matched
-        .iter()
-        .flatten()
-        .any(|other| other.replaces.iter().any(|replaced| replaced == name))
 }

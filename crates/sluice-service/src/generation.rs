@@ -17,14 +17,19 @@ use crate::store::{CounterStore, InMemory, OnRedis, RedisCounters};
 pub(crate) struct Generation {
     pub(crate) rules: RuleSet,
     /// The policies answers name, by rule.
-    pub(crate) policies: HashMap<RuleId, FieldPolicy>,
+    pub(crate) policies: ByRule<FieldPolicy>,
     /// The quotas of its rules, by counter key.
     pub(crate) quotas: RuleQuotas,
     pub(crate) store: Box<dyn CounterStore>,
+    /// Whether some rule `replaces` another (a request's rules are then all found first).
+    pub(crate) replacing: bool,
     /// Each rule's decisions, carried from the generation before while the rule keeps its
     /// place.
-    pub(crate) stats: HashMap<RuleId, Arc<RuleStats>>,
+    pub(crate) stats: ByRule<Arc<RuleStats>>,
 }
+
+/// A map by rule, read by every decision.
+pub(crate) type ByRule<V> = HashMap<RuleId, V, foldhash::fast::RandomState>;
 
 impl Generation {
     /// The generation of `rules`. In memory after a generation in memory, its limiters stay
@@ -44,7 +49,7 @@ impl Generation {
             })
             .collect();
         let mut quotas = HashMap::new();
-        let mut policies = HashMap::new();
+        let mut policies = ByRule::default();
         let mut kinds = vec![settings.algorithm];
         for rule in rules.rules() {
             let kind = rule.algorithm.unwrap_or(settings.algorithm);
@@ -103,7 +108,9 @@ impl Generation {
                 (quotas, Box::new(store))
             }
         };
+        let replacing = rules.rules().any(|rule| !rule.replaces.is_empty());
         Ok(Self {
+            replacing,
             rules,
             policies,
             quotas,

@@ -133,7 +133,22 @@ impl CheckRequest {
 
 impl Request<'_> {
     /// Whether the request keeps `bounds`; the first thing out of them, if not.
+    #[inline]
     pub(crate) fn validate(&self, bounds: RequestBounds) -> Result<(), RequestError> {
+        let text = |text: &str| text.len() <= bounds.text_bytes;
+        let kept = !self.domain.is_empty()
+            && text(self.domain)
+            && (1..=bounds.descriptors).contains(&self.descriptors.len())
+            && self.descriptors.iter().all(|descriptor| {
+                (1..=bounds.entries).contains(&descriptor.entries.len())
+                    && (descriptor.entries.iter()).all(|entry| text(entry.key) && text(entry.value))
+            });
+        if kept { Ok(()) } else { self.out_of_bounds(bounds) }
+    }
+
+    /// The first thing of the request out of `bounds` (found again, slowly, to name it).
+    #[cold]
+    fn out_of_bounds(&self, bounds: RequestBounds) -> Result<(), RequestError> {
         // The field is named only for a text too long: most requests name none.
         let long = |field: &dyn Fn() -> String, text: &str| {
             (text.len() > bounds.text_bytes).then(|| RequestError::TooLong {

@@ -48,12 +48,15 @@ impl CounterStore for InMemory {
     }
 
     fn count<'a, 'g: 'a>(&'a self, tally: &'a mut Tally<'g>, counting: Counting) -> Counted<'a> {
-        let all_or_nothing = counting == Counting::AllOrNothing;
-        // Takes to give back if the request is denied: (count, counters, receipt).
-        let mut taken: SmallVec<[(usize, &dyn Counters, Receipt); 2]> = SmallVec::new();
+        // Only a request of several limits has takes to give back.
+        let all_or_nothing = counting == Counting::AllOrNothing && tally.counts.len() > 1;
+        let mut taken: SmallVec<[(usize, &dyn Counters, Receipt); 1]> = SmallVec::new();
         let mut denied = false;
+        tally.statuses.clear();
         for (at, count) in tally.counts.iter().enumerate() {
             let Some(counters) = self.get(count.kind) else {
+                // The plan counts only algorithms the store has.
+                tally.statuses.push(Status::UNLIMITED);
                 continue;
             };
             // After a denial that counts, the rest are only looked at.
@@ -61,21 +64,21 @@ impl CounterStore for InMemory {
             let key = tally.keys.get(count.key.clone()).unwrap_or_default();
             let (answer, quota) = counters.take_quoted(key, cost);
             let answer = answer.map(|(decision, receipt)| {
-                if decision.is_allowed() && cost > 0 {
+                if all_or_nothing && decision.is_allowed() && cost > 0 {
                     taken.push((at, counters, receipt));
                 }
                 decision
             });
             let status = Status::of(count.rule, quota, answer);
             denied |= status.denies();
-            tally.statuses[count.index] = status;
+            tally.statuses.push(status);
         }
         if denied && all_or_nothing {
             for (at, counters, receipt) in taken {
                 let count = &tally.counts[at];
                 let key = tally.keys.get(count.key.clone()).unwrap_or_default();
                 counters.give_back(key, receipt, count.cost);
-                tally.statuses[count.index].given_back(count.cost);
+                tally.statuses[at].given_back(count.cost);
             }
         }
         Counted::Now(denied)

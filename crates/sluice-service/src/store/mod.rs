@@ -37,16 +37,26 @@ pub(crate) struct Count<'g> {
     pub(crate) quota: Quota,
 }
 
-/// A request's limits being counted, and each descriptor's status (unlimited until counted).
+/// A request's limits being counted, and each one's status once counted (in the same order):
+/// a descriptor with no limit has none.
 #[derive(Debug)]
 pub(crate) struct Tally<'g> {
     /// The counters' keys, one after another.
     pub(crate) keys: String,
-    pub(crate) counts: SmallVec<[Count<'g>; 2]>,
-    pub(crate) statuses: SmallVec<[Status<'g>; 2]>,
+    pub(crate) counts: SmallVec<[Count<'g>; 1]>,
+    pub(crate) statuses: SmallVec<[Status<'g>; 1]>,
 }
 
 impl Tally<'_> {
+    /// An empty tally writing its keys in `keys`.
+    pub(crate) fn new(keys: String) -> Self {
+        Self {
+            keys,
+            counts: SmallVec::new(),
+            statuses: SmallVec::new(),
+        }
+    }
+
     /// The key of `count`'s counter.
     pub(crate) fn key(&self, count: &Count<'_>) -> &str {
         self.keys.get(count.key.clone()).unwrap_or_default()
@@ -70,8 +80,8 @@ pub(crate) trait CounterStore: Send + Sync {
     fn quota_of(&self, kind: AlgorithmKind, key: &str) -> Option<Quota>;
     /// Whether [`count`](Self::count) answers at once (in this process).
     fn answers_now(&self) -> bool;
-    /// Counts every limit of `tally` under `counting`, writing each one's status; whether a
-    /// limit that may deny (not in shadow mode) denied the request.
+    /// Counts every limit of `tally` under `counting`, writing each one's status in the
+    /// limits' order; whether a limit that may deny (not in shadow mode) denied the request.
     fn count<'a, 'g: 'a>(&'a self, tally: &'a mut Tally<'g>, counting: Counting) -> Counted<'a>;
     /// The counters as held in this process, for the reload and the metrics.
     fn in_memory(&self) -> Option<&InMemory> {

@@ -173,10 +173,11 @@ impl OnRedis {
     async fn take_all(
         &self,
         tally: &Tally<'_>,
-        counts: &[&Count<'_>],
+        counts: &[Place],
         cost: impl Fn(&Count<'_>) -> u64,
     ) -> Vec<(Option<Decision>, Quota)> {
-        let takes = counts.iter().map(|count| {
+        let takes = counts.iter().map(|&at| {
+            let count = &tally.counts[at];
             let cost = cost(count);
             let key = tally.key(count);
             async move {
@@ -193,31 +194,26 @@ impl OnRedis {
 
     /// All-or-nothing over several limits: look, then take. Whether the request is denied.
     async fn look_then_take(&self, tally: &mut Tally<'_>) -> bool {
-        let all: SmallVec<[&Count<'_>; 2]> = tally.counts.iter().collect();
+        let all: SmallVec<[Place; 2]> = (0..tally.counts.len()).collect();
         let looks = self.take_all(tally, &all, |_| 0).await;
         let short = |count: &Count<'_>, look: &Option<Decision>| {
             !count.rule.shadow_mode && look.is_none_or(|look| look.remaining() < count.cost)
         };
-        let any_short = all
-            .iter()
-            .zip(&looks)
-            .any(|(count, (look, _))| short(count, look));
+        let any_short = (tally.counts.iter().zip(&looks)).any(|(count, (look, _))| short(count, look));
         if !any_short {
             let decisions = self.take_all(tally, &all, |count| count.cost).await;
-            return settle(&mut tally.statuses, &all, decisions);
+            return settle(tally, &all, decisions);
         }
         // Take only where a limit would deny: a denied take consumes nothing and says when to
         // retry. The rest keep what their look said.
-        let (deciding, looked): (SmallVec<[_; 2]>, SmallVec<[_; 2]>) = all
-            .iter()
-            .zip(looks)
-            .partition(|(count, (look, _))| short(count, look));
-        let deciding: SmallVec<[&Count<'_>; 2]> = deciding.into_iter().map(|(count, _)| *count).collect();
+        let (deciding, looked): (SmallVec<[_; 2]>, SmallVec<[_; 2]>) =
+            (all.iter().copied().zip(looks)).partition(|(at, (look, _))| short(&tally.counts[*at], look));
+        let deciding: SmallVec<[Place; 2]> = deciding.into_iter().map(|(at, _)| at).collect();
         let decisions = self.take_all(tally, &deciding, |count| count.cost).await;
-        let mut statuses = tally.statuses.clone();
-        if settle(&mut statuses, &deciding, decisions) {
-            for (count, (look, quota)) in looked {
-                statuses[count.index] = match look {
+        if settle(tally, &deciding, decisions) {
+            for (at, (look, quota)) in looked {
+                let count = &tally.counts[at];
+                tally.statuses[at] = match look {
                     // What a take would have said: over, if the look leaves less than the cost
                     // (a shadow limit, which never decides).
                     Some(look) if look.remaining() < count.cost => Status::of(
@@ -234,18 +230,18 @@ impl OnRedis {
                     None => Status::never_fits(count.rule, quota, count.cost),
                 };
             }
-            tally.statuses = statuses;
             return true;
         }
         // Another process freed what was short between the look and the take: those took,
         // so the rest take too.
-        let rest: SmallVec<[&Count<'_>; 2]> = looked.into_iter().map(|(count, _)| *count).collect();
+        let rest: SmallVec<[Place; 2]> = looked.into_iter().map(|(at, _)| at).collect();
         let decisions = self.take_all(tally, &rest, |count| count.cost).await;
-        let denied = settle(&mut statuses, &rest, decisions);
-        tally.statuses = statuses;
-        denied
+        settle(tally, &rest, decisions)
     }
 }
+
+/// A limit's place in its tally.
+type Place = usize;
 
 impl CounterStore for OnRedis {
     fn has(&self, kind: AlgorithmKind) -> bool {
@@ -261,36 +257,36 @@ impl CounterStore for OnRedis {
     }
 
     fn count<'a, 'g: 'a>(&'a self, tally: &'a mut Tally<'g>, counting: Counting) -> Counted<'a> {
+        // Every status written below: a cost that never fits until its take says otherwise.
+        tally.statuses.clear();
+        let placeholders =
+            (tally.counts.iter()).map(|count| Status::never_fits(count.rule, count.quota, count.cost));
+        tally.statuses.extend(placeholders);
         let look_first =
             counting == Counting::AllOrNothing && tally.counts.iter().filter(|c| c.cost > 0).count() > 1;
         Counted::Later(Box::pin(async move {
             if look_first {
                 return self.look_then_take(tally).await;
             }
-            let all: SmallVec<[&Count<'_>; 2]> = tally.counts.iter().collect();
+            let all: SmallVec<[Place; 2]> = (0..tally.counts.len()).collect();
             let decisions = self.take_all(tally, &all, |count| count.cost).await;
-            let mut statuses = tally.statuses.clone();
-            let denied = settle(&mut statuses, &all, decisions);
-            tally.statuses = statuses;
-            denied
+            settle(tally, &all, decisions)
         }))
     }
 }
 
-/// Writes each limit's status from its decision. Whether any limit that may deny denied.
-fn settle<'g>(
-    statuses: &mut [Status<'g>],
-    counts: &[&Count<'g>],
-    decisions: Vec<(Option<Decision>, Quota)>,
-) -> bool {
+/// Writes the status of each limit at `places` from its decision. Whether any limit that may
+/// deny denied.
+fn settle(tally: &mut Tally<'_>, places: &[Place], decisions: Vec<(Option<Decision>, Quota)>) -> bool {
     let mut denied = false;
-    for (count, (decision, quota)) in counts.iter().zip(decisions) {
+    for (&at, (decision, quota)) in places.iter().zip(decisions) {
+        let count = &tally.counts[at];
         let status = match decision {
             Some(decision) => Status::of(count.rule, quota, Ok(decision)),
             None => Status::never_fits(count.rule, quota, count.cost),
         };
         denied |= status.denies();
-        statuses[count.index] = status;
+        tally.statuses[at] = status;
     }
     denied
 }
