@@ -44,6 +44,7 @@ fn one_line(text: &str) -> String {
 
 /// Why rules could not be loaded from disk.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum LoadError {
     /// A file or directory could not be read.
     #[error("{path}: {source}", path = path.display())]

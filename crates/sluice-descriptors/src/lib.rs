@@ -27,6 +27,8 @@
 //! # Ok::<(), sluice_descriptors::RulesError>(())
 //! ```
 
+#![forbid(unsafe_code)]
+
 mod error;
 mod key;
 mod load;

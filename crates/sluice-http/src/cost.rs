@@ -169,6 +169,7 @@ impl RouteCosts {
 /// assert_eq!(normalize_path("/a%2Fb"), Err(PathError::EncodedDelimiter));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum PathError {
     /// The path does not start with `/` (`*`, or an empty path).
     #[error("the path does not start with '/'")]

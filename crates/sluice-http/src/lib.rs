@@ -52,6 +52,7 @@
 //! address is printed), the only lock is the limiter's own, and the rate-limit fields are
 //! printed into one buffer.
 
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod backend;

@@ -198,6 +198,7 @@ impl fmt::Display for ClientIpHeader {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ClientIpError {
     /// The header does not follow its syntax: a hop that is not a node (an address with an
     /// optional port, `unknown`, or an obfuscated `_name`), bytes outside visible ASCII, a

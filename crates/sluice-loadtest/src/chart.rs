@@ -11,7 +11,7 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::LoadtestError;
 use crate::profile::Expected;
-use crate::report::{Latencies, Report, Verdict};
+use crate::report::{Grade, Latencies, Report};
 
 /// DejaVu Sans, bundled so charts have text on machines without fonts (license beside it).
 static FONT: &[u8] = include_bytes!("../fonts/DejaVuSans.ttf");
@@ -106,7 +106,7 @@ pub(crate) fn rates(report: &Report, path: &Path) -> Result<(), LoadtestError> {
         allowed: f64,
         denied: f64,
         expected: Option<f64>,
-        verdict: Verdict,
+        verdict: Grade,
     }
     let bars: Vec<Bar> = report
         .profiles
@@ -217,7 +217,7 @@ pub(crate) fn rates(report: &Report, path: &Path) -> Result<(), LoadtestError> {
         // The verdict under each profile's name, red when it failed.
         for (i, b) in bars.iter().enumerate() {
             let (x, y) = chart.backend_coord(&(i as f64, floor));
-            let color = if b.verdict == Verdict::Fail {
+            let color = if b.verdict == Grade::Fail {
                 red
             } else {
                 RGBColor(90, 90, 90)

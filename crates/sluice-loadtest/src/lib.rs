@@ -9,7 +9,7 @@
 //!   percentiles in µs, the expected rate, the error in percent and the cold-start split; see
 //!   [`TrialRow`](crate::TrialRow));
 //! - `rates.png` and `latencies.png`;
-//! - a [`Report`] whose `Display` is the summary printed by the CLI, with a [`Verdict`] per
+//! - a [`Report`] whose `Display` is the summary printed by the CLI, with a [`Grade`] per
 //!   profile: `PASS` when its steady allow rate is within 1% (or 1 request) of the expected rate.
 //!
 //! The server is a URL (`--url`) or a `sluice serve` started for the run (`--spawn`).
@@ -30,6 +30,7 @@
 //! # }
 //! ```
 
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod args;
@@ -51,7 +52,7 @@ pub use error::LoadtestError;
 pub use profile::{
     Account, DEFAULT_HEADER_NAME, DEMO_FAILSAFE_POOL, Expected, Profile, ProfileSet, UNIQUE_PLACEHOLDER,
 };
-pub use report::{Latencies, ProfileSummary, Report, TSV_COLUMNS, TrialRow, Verdict};
+pub use report::{Grade, Latencies, ProfileSummary, Report, TSV_COLUMNS, TrialRow};
 
 use generator::Plan;
 use target::{SpawnedServer, Target};

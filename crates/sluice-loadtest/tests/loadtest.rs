@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
-use sluice_loadtest::{Expected, LoadtestError, TSV_COLUMNS, Verdict};
+use sluice_loadtest::{Expected, Grade, LoadtestError, TSV_COLUMNS};
 
 fn decode_png(path: &Path) -> (u32, u32) {
     let file = std::fs::File::open(path).unwrap();
@@ -101,24 +101,19 @@ async fn demo_profiles_against_a_keyed_limiter() {
         "chuck@example.com",
         "craig@example.com",
     ] {
-        assert_eq!(
-            by_name[name].verdict,
-            Verdict::Pass,
-            "{name}: {:?}",
-            by_name[name]
-        );
+        assert_eq!(by_name[name].verdict, Grade::Pass, "{name}: {:?}", by_name[name]);
     }
     // The fast ones pass if the load reached their quota, and are reported as such otherwise.
     for name in ["dan@example.com", "erin@example.com", "eve@example.com"] {
         let verdict = by_name[name].verdict;
         assert!(
-            matches!(verdict, Verdict::Pass | Verdict::NotSaturated),
+            matches!(verdict, Grade::Pass | Grade::NotSaturated),
             "{name}: {verdict}"
         );
     }
     // Unknown account: admitted only under the failsafe quota while its quota was fetched.
     let invalid = by_name["invalid@example.com"];
-    assert_eq!(invalid.verdict, Verdict::Pass);
+    assert_eq!(invalid.verdict, Grade::Pass);
     assert_eq!(invalid.measured, 0.0);
     assert!(invalid.cold_start_allowed > 0, "the failsafe admitted nothing");
     let invalid_trial_2 = report
@@ -133,10 +128,10 @@ async fn demo_profiles_against_a_keyed_limiter() {
         flood.expected,
         Expected::Rate(sluice_loadtest::DEMO_FAILSAFE_POOL)
     );
-    assert_eq!(flood.verdict, Verdict::Pass, "{flood:?}");
+    assert_eq!(flood.verdict, Grade::Pass, "{flood:?}");
     // The bypass: never denied.
     let admin = by_name["admin@example.com"];
-    assert_eq!((admin.verdict, admin.denied), (Verdict::Unlimited, 0));
+    assert_eq!((admin.verdict, admin.denied), (Grade::Unlimited, 0));
     assert_eq!(admin.expected, Expected::Unlimited);
     assert!(report.passed());
 
@@ -206,7 +201,7 @@ async fn a_profiles_file_and_errors_counted() {
     let carol = &report.profiles[0];
     assert_eq!(
         (carol.profile.as_str(), carol.verdict, carol.errors),
-        ("carol", Verdict::Pass, 0)
+        ("carol", Grade::Pass, 0)
     );
     let broken = &report.profiles[1];
     let (_, _, other) = answered.get();

@@ -19,6 +19,7 @@ use sluice::Quota;
 /// # }
 /// ```
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The URL cannot be parsed as a Redis URL.
     #[error("invalid Redis URL {url:?}: {source}")]

@@ -31,7 +31,7 @@ use crate::limiter::{Consume, Prepared, ScriptTime};
 use crate::sync::{read, write};
 use crate::{Error, RedisAlgorithm, RedisLimiter};
 
-/// Counters of a [`HybridLimiter`].
+/// Counts of a [`HybridLimiter`].
 ///
 /// # Example
 /// ```
@@ -56,7 +56,7 @@ pub struct HybridMetrics {
 }
 
 #[derive(Default)]
-struct Counters {
+struct HybridCounts {
     local_allowed: AtomicU64,
     local_denied: AtomicU64,
     strict_checks: AtomicU64,
@@ -191,7 +191,7 @@ struct Inner<A: RedisAlgorithm, S> {
     entries: RwLock<HashMap<String, Arc<Entry>>>,
     /// Monotonic ns of the next sync.
     next_sync: AtomicU64,
-    counters: Counters,
+    counters: HybridCounts,
 }
 
 impl<A: RedisAlgorithm, S: QuotaSource<String>> HybridLimiter<A, S> {
@@ -204,7 +204,7 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> HybridLimiter<A, S> {
             interval,
             entries: RwLock::new(HashMap::new()),
             next_sync: AtomicU64::new(MonotonicClock.now().saturating_add(saturating_nanos(interval))),
-            counters: Counters::default(),
+            counters: HybridCounts::default(),
         });
         let weak: Weak<Inner<A, S>> = Arc::downgrade(&inner);
         let runtime = inner.strict.store().runtime().clone();
@@ -290,7 +290,7 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> HybridLimiter<A, S> {
         }
     }
 
-    /// Counters of local and strict checks and of syncs.
+    /// Counts of local and strict checks and of syncs.
     pub fn metrics(&self) -> HybridMetrics {
         let c = &self.inner.counters;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);

@@ -11,7 +11,7 @@ use sluice::{
 };
 
 use crate::algorithm::kind_of;
-use crate::metrics::{Counters, RedisMetrics};
+use crate::metrics::{LimiterCounts, RedisMetrics};
 use crate::script::{Kind, Plan};
 use crate::source::{Share, SharedSource, share};
 use crate::store::CallError;
@@ -35,6 +35,7 @@ use crate::{Error, FailurePolicy, RedisAlgorithm, RedisOptions, RedisStore};
 /// let decision = limiter.check_n("alice", 1).await?;
 /// # Ok(()) }
 /// ```
+#[must_use = "a builder does nothing until built"]
 pub struct RedisLimiterBuilder<A, S> {
     algorithm: A,
     failsafe: Quota,
@@ -199,7 +200,7 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiterBuilder<A, S> {
                 hosts: self.hosts,
                 book,
                 fallback,
-                counters: Counters::default(),
+                counters: LimiterCounts::default(),
             }),
         })
     }
@@ -260,7 +261,7 @@ struct Inner<A: RedisAlgorithm, S> {
     /// rules (it counts nothing: the counting is on Redis).
     book: KeyedLimiter<String, Unmetered, SharedSource<S>>,
     fallback: Option<KeyedLimiter<String, A, Share<S>, LocalClock>>,
-    counters: Counters,
+    counters: LimiterCounts,
 }
 
 impl<A: RedisAlgorithm> RedisLimiter<A> {
@@ -298,6 +299,7 @@ pub(crate) enum ScriptTime {
     /// Redis' own clock, so hosts with skewed clocks agree.
     Redis,
     /// A given time in microseconds, for tests that replay a sequence of instants.
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     AtMicros(u64),
 }
 
@@ -320,8 +322,8 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiter<A, S> {
     }
 
     /// As [`RedisLimiter::check_n`], at a given Redis time in microseconds instead of Redis'
-    /// clock: for tests that replay a sequence of instants.
-    #[doc(hidden)]
+    /// clock: for tests that replay a sequence of instants (feature `test-hooks`).
+    #[cfg(feature = "test-hooks")]
     pub async fn check_n_at_micros(&self, key: &str, cost: u64, now_micros: u64) -> Result<Decision, Error> {
         self.check_with(key, cost, ScriptTime::AtMicros(now_micros)).await
     }

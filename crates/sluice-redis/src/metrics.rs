@@ -34,7 +34,7 @@ impl RedisMetrics {
 
 /// A limiter's own counters.
 #[derive(Default)]
-pub(crate) struct Counters {
+pub(crate) struct LimiterCounts {
     pub(crate) redis_checks: AtomicU64,
     pub(crate) failed_open: AtomicU64,
     pub(crate) failed_closed: AtomicU64,

@@ -219,7 +219,7 @@ impl Default for CounterSettings {
 }
 
 /// One algorithm's counters, whatever the algorithm.
-pub(crate) trait Counters: Send + Sync {
+pub(crate) trait AlgorithmCounters: Send + Sync {
     /// Takes `cost` from `key`'s counter (0 peeks), with what giving it back needs and the
     /// quota it was decided on.
     fn take_quoted(&self, key: &str, cost: u64) -> (TakeAnswer, Quota);
@@ -229,7 +229,7 @@ pub(crate) trait Counters: Send + Sync {
     fn give_back(&self, key: &str, receipt: Receipt, cost: u64);
     /// Moves every counter into `target`, a limiter of the same algorithm, each under its
     /// quota in `quotas` (the target's) from its next check on.
-    fn migrate_into(&self, target: &dyn Counters, quotas: &RuleQuotas) -> Migrated;
+    fn migrate_into(&self, target: &dyn AlgorithmCounters, quotas: &RuleQuotas) -> Migrated;
     /// Puts every held counter under its quota in `quotas` at once, in place, one shard at a
     /// time; how many changed quota.
     fn requote(&self, quotas: &RuleQuotas) -> u64;
@@ -243,7 +243,7 @@ type Limiter<A> = KeyedLimiter<String, A, RuleQuotas>;
 /// A take's answer: the decision and its receipt, or a cost that never fits.
 pub(crate) type TakeAnswer = Result<(Decision, Receipt), CheckError>;
 
-impl<A: Algorithm> Counters for Limiter<A> {
+impl<A: Algorithm> AlgorithmCounters for Limiter<A> {
     #[inline]
     fn take_quoted(&self, key: &str, cost: u64) -> (TakeAnswer, Quota) {
         KeyedLink::new(self, key).take_quoted(cost)
@@ -257,7 +257,7 @@ impl<A: Algorithm> Counters for Limiter<A> {
         KeyedLink::new(self, key).give_back(receipt, cost);
     }
 
-    fn migrate_into(&self, target: &dyn Counters, quotas: &RuleQuotas) -> Migrated {
+    fn migrate_into(&self, target: &dyn AlgorithmCounters, quotas: &RuleQuotas) -> Migrated {
         match target.as_any().downcast_ref::<Self>() {
             Some(target) => self.migrate_requoted(target, |key| quotas.quota_of(key)),
             None => Migrated::default(),
@@ -282,10 +282,10 @@ pub(crate) fn build(
     kind: AlgorithmKind,
     quotas: RuleQuotas,
     settings: CounterSettings,
-) -> Result<Arc<dyn Counters>, KeyedBuildError> {
+) -> Result<Arc<dyn AlgorithmCounters>, KeyedBuildError> {
     struct Build(RuleQuotas, CounterSettings);
     impl AlgorithmVisitor for Build {
-        type Output = Result<Arc<dyn Counters>, KeyedBuildError>;
+        type Output = Result<Arc<dyn AlgorithmCounters>, KeyedBuildError>;
         fn visit<A: Algorithm>(self, algorithm: A) -> Self::Output {
             // A key whose rule is gone gets the unknown-key quota: nothing is admitted for it
             // (no check reaches it, as every check finds its rule first).

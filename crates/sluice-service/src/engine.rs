@@ -10,7 +10,7 @@ use sluice::{KeyedBuildError, Migrated, Quota};
 use sluice_descriptors::{Limit, RuleId, RuleSet};
 
 use crate::answer::Verdict;
-use crate::counters::{Counters, RuleQuotas};
+use crate::counters::{AlgorithmCounters, RuleQuotas};
 use crate::generation::Generation;
 use crate::request::{CheckRequest, Request, RequestError};
 use crate::settings::EngineSettings;
@@ -19,6 +19,7 @@ use crate::store::RedisCounters;
 
 /// Why an engine could not be built (or a reload was refused: the running rules stay).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum BuildError {
     /// A memory limiter refused a setting.
     #[error(transparent)]
@@ -257,7 +258,7 @@ impl Engine {
         let (from, to) = (self.current.load(), target.current.load());
         let (held, target_held) = (from.store.in_memory()?, to.store.in_memory()?);
         // Every pair found before anything moves: a move is whole or not at all.
-        let pairs: Vec<(&dyn Counters, &dyn Counters)> = (held.by_kind.iter())
+        let pairs: Vec<(&dyn AlgorithmCounters, &dyn AlgorithmCounters)> = (held.by_kind.iter())
             .map(|(kind, counters)| Some((&**counters, target_held.get(*kind)?)))
             .collect::<Option<_>>()?;
         Some(move_counters(pairs.into_iter(), &to.quotas))
@@ -381,7 +382,7 @@ impl Engine {
 
 /// Moves each limiter's counters into its pair, under `quotas` (the target generation's).
 fn move_counters<'a>(
-    pairs: impl Iterator<Item = (&'a dyn Counters, &'a dyn Counters)>,
+    pairs: impl Iterator<Item = (&'a dyn AlgorithmCounters, &'a dyn AlgorithmCounters)>,
     quotas: &RuleQuotas,
 ) -> Reloaded {
     let mut reloaded = Reloaded::default();

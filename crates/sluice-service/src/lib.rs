@@ -11,6 +11,8 @@
 //! Waiting for capacity is the HTTP layer's (`sluice_http`'s `on_excess`), in front of the
 //! engine through [`LayerBackend`].
 
+#![forbid(unsafe_code)]
+
 mod answer;
 mod api;
 mod counters;

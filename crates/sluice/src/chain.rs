@@ -20,9 +20,13 @@ use crate::{Algorithm, CheckError, Clock, Decision, KeyedLimiter, QuotaSource, R
 ///
 /// # Example
 /// ```
-/// use sluice::Receipt;
-/// let receipt = Receipt::new(1_000, 7);
-/// assert_eq!((receipt.at(), receipt.tag()), (1_000, 7));
+/// use sluice::{Link, ManualClock, RateLimiter, Receipt, TokenBucket};
+/// let limiter = RateLimiter::with_clock(TokenBucket, "5/s".parse()?, ManualClock::new(1_000))?;
+/// let (_, receipt) = limiter.take(2)?;
+/// assert_ne!(receipt, Receipt::NOTHING);
+/// limiter.give_back(receipt, 2);
+/// assert_eq!(limiter.check_n(0)?.remaining(), 5);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Receipt {
@@ -37,14 +41,9 @@ impl Receipt {
         tag: u64::MAX,
     };
 
-    /// A receipt for a take at `at` (as the link counts time) on the state named `tag`.
-    ///
-    /// # Example
-    /// ```
-    /// use sluice::Receipt;
-    /// assert_ne!(Receipt::new(0, 0), Receipt::NOTHING);
-    /// ```
-    pub const fn new(at: u64, tag: u64) -> Self {
+    /// A receipt for a take at `at` (as the link counts time) on the state named `tag`. Made
+    /// only by the limiters: a forged one could give back what was never taken.
+    pub(crate) const fn new(at: u64, tag: u64) -> Self {
         Self { at, tag }
     }
 
@@ -202,6 +201,7 @@ where
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
 pub struct ChainDecision {
     decision: Decision,
     denied_by: Option<usize>,
@@ -292,14 +292,14 @@ pub struct ChainError {
 }
 
 /// What the links decided so far.
-struct Verdict {
+struct ChainState {
     decision: Option<Decision>,
     denied_by: Option<usize>,
     retry_after_ns: u64,
     error: Option<ChainError>,
 }
 
-impl Verdict {
+impl ChainState {
     fn admitted(&self) -> bool {
         self.denied_by.is_none() && self.error.is_none()
     }
@@ -349,7 +349,7 @@ impl Verdict {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn check_chain(links: &[(&dyn Link, u64)]) -> Result<ChainDecision, ChainError> {
-    let mut verdict = Verdict {
+    let mut verdict = ChainState {
         decision: None,
         denied_by: None,
         retry_after_ns: 0,
@@ -369,7 +369,7 @@ pub fn check_chain(links: &[(&dyn Link, u64)]) -> Result<ChainDecision, ChainErr
 
 /// Takes from link `i` and the rest, then gives back link `i`'s take if the chain failed. The
 /// recursion keeps each receipt on the stack: no allocation.
-fn take_from(links: &[(&dyn Link, u64)], i: usize, verdict: &mut Verdict) {
+fn take_from(links: &[(&dyn Link, u64)], i: usize, verdict: &mut ChainState) {
     let Some(&(link, cost)) = links.get(i) else { return };
     match link.take(cost) {
         Err(error) => verdict.error = Some(ChainError { link: i, error }),
@@ -382,5 +382,36 @@ fn take_from(links: &[(&dyn Link, u64)], i: usize, verdict: &mut Verdict) {
                 link.give_back(receipt, cost);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Link, Receipt};
+    use crate::{
+        Algorithm, FixedWindow, LeakyBucket, ManualClock, RateLimiter, SlidingWindowCounter,
+        SlidingWindowLog, TokenBucket,
+    };
+
+    // A receipt can be made only here: a caller holding one can give back only what it took.
+    #[test]
+    fn a_forged_receipt_gives_nothing_back_and_never_panics() {
+        fn drive<A: Algorithm>(algorithm: A) {
+            let limiter =
+                RateLimiter::with_clock(algorithm, "5/s".parse().unwrap(), ManualClock::new(7)).unwrap();
+            let (_, receipt) = limiter.take(3).unwrap();
+            for at in [u64::MAX, u64::MAX / 2, 1 << 62] {
+                limiter.give_back(Receipt::new(at, receipt.tag()), 3);
+            }
+            limiter.give_back(Receipt::NOTHING, 3);
+            assert_eq!(limiter.check_n(0).unwrap().remaining(), 2);
+            limiter.give_back(receipt, 3);
+            assert_eq!(limiter.check_n(0).unwrap().remaining(), 5);
+        }
+        drive(TokenBucket);
+        drive(LeakyBucket::meter());
+        drive(FixedWindow);
+        drive(SlidingWindowLog);
+        drive(SlidingWindowCounter);
     }
 }

@@ -33,6 +33,7 @@ pub const DEFAULT_IPV6_PREFIX: u8 = 64;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum BuildError {
     /// No key part was given.
     #[error("the key needs at least one part (header:NAME, bearer or ip)")]
@@ -87,6 +88,7 @@ fn read_peer_addr(extensions: &http::Extensions) -> Option<SocketAddr> {
 /// assert!(layer.needs_peer_addr());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+#[must_use = "a builder does nothing until built"]
 pub struct RateLimitBuilder {
     backend: Arc<dyn LimitBackend>,
     parts: Vec<KeyPart>,

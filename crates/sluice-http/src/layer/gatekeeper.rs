@@ -40,7 +40,7 @@ pub(super) struct Gatekeeper {
 }
 
 /// What becomes of a request.
-pub(super) enum Verdict {
+pub(super) enum Gate {
     Decided(Admission),
     BadKey(KeyRejection),
     /// The backend answers later; the key is kept to read its quota then.
@@ -58,32 +58,32 @@ pub(super) enum Admission {
 }
 
 impl Gatekeeper {
-    pub(super) fn decide<B>(&self, request: &Request<B>) -> Verdict {
+    pub(super) fn decide<B>(&self, request: &Request<B>) -> Gate {
         let headers = request.headers();
         match self.keys.borrowed_key(headers) {
             Some(Ok(key)) => self.decide_for(request, key),
-            Some(Err(rejection)) => Verdict::BadKey(rejection),
+            Some(Err(rejection)) => Gate::BadKey(rejection),
             None => {
                 let peer = (self.peer_addr)(request.extensions()).filter(|_| self.keys.needs_ip());
                 let ip = match peer
                     .map(|peer| self.proxies.client_ip(peer.ip(), self.client_ip_header, headers))
                 {
                     Some(Ok(ip)) => Some(ip),
-                    Some(Err(e)) => return Verdict::BadKey(KeyRejection::ClientIp(e)),
+                    Some(Err(e)) => return Gate::BadKey(KeyRejection::ClientIp(e)),
                     None => None,
                 };
                 let mut buf = KeyBuf::new(self.keys.max_len);
                 match self.keys.key(headers, ip, &mut buf) {
                     Ok(key) => self.decide_for(request, key),
-                    Err(rejection) => Verdict::BadKey(rejection),
+                    Err(rejection) => Gate::BadKey(rejection),
                 }
             }
         }
     }
 
-    fn decide_for<B>(&self, request: &Request<B>, key: &str) -> Verdict {
+    fn decide_for<B>(&self, request: &Request<B>, key: &str) -> Gate {
         if !self.bypass.is_empty() && self.bypass.contains(key) {
-            return Verdict::Decided(Admission::Pass(None));
+            return Gate::Decided(Admission::Pass(None));
         }
         let cost = self.costs.cost(request.method(), request.uri().path());
         if let Some(excess) = &self.excess
@@ -93,10 +93,8 @@ impl Gatekeeper {
         }
         let (check, quota) = self.backend.check_quoted(key, cost);
         match check.into_ready() {
-            Ok(answer) => {
-                Verdict::Decided(self.admission(answer, || quota.or_else(|| self.backend.quota(key))))
-            }
-            Err(pending) => Verdict::Wait(pending, key.into()),
+            Ok(answer) => Gate::Decided(self.admission(answer, || quota.or_else(|| self.backend.quota(key)))),
+            Err(pending) => Gate::Wait(pending, key.into()),
         }
     }
 
@@ -104,7 +102,7 @@ impl Gatekeeper {
     /// without asking the limit (it must not take capacity from them); otherwise it asks,
     /// and joins the queue if denied.
     #[inline(never)]
-    fn decide_waiting(&self, excess: &ExcessPolicies, policy: WaitPolicy, key: &str, cost: u64) -> Verdict {
+    fn decide_waiting(&self, excess: &ExcessPolicies, policy: WaitPolicy, key: &str, cost: u64) -> Gate {
         let room = &excess.room;
         if policy.queue_order() == QueueOrder::OldestFirst && room.has_queue(key) {
             let quota = self.backend.quota(key);
@@ -116,13 +114,11 @@ impl Gatekeeper {
                 let quota = quota.or_else(|| self.backend.quota(key));
                 self.join(excess, policy, key, cost, Some(decision), quota)
             }
-            Ok(answer) => {
-                Verdict::Decided(self.admission(answer, || quota.or_else(|| self.backend.quota(key))))
-            }
+            Ok(answer) => Gate::Decided(self.admission(answer, || quota.or_else(|| self.backend.quota(key)))),
             Err(pending) => {
                 let room = Arc::clone(room);
                 let wait = after_check(pending, room, Arc::clone(&self.backend), key.into(), cost, policy);
-                Verdict::Queue(wait, key.into())
+                Gate::Queue(wait, key.into())
             }
         }
     }
@@ -137,10 +133,10 @@ impl Gatekeeper {
         cost: u64,
         denial: Option<Decision>,
         quota: Option<Quota>,
-    ) -> Verdict {
+    ) -> Gate {
         match queue(&excess.room, &self.backend, key, cost, &policy, denial, quota) {
-            Ok(wait) => Verdict::Queue(WaitFuture::new(wait), key.into()),
-            Err(denial) => Verdict::Decided(Admission::Deny(RateFields::new(&denial, quota))),
+            Ok(wait) => Gate::Queue(WaitFuture::new(wait), key.into()),
+            Err(denial) => Gate::Decided(Admission::Deny(RateFields::new(&denial, quota))),
         }
     }
 

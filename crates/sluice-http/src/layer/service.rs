@@ -8,7 +8,7 @@ use tower_service::Service;
 
 use super::ResponseFuture;
 use super::future::Waiting;
-use super::gatekeeper::{Gatekeeper, Verdict};
+use super::gatekeeper::{Gate, Gatekeeper};
 
 /// The service made by [`RateLimitLayer`](super::RateLimitLayer) around an inner service.
 ///
@@ -73,12 +73,12 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         match self.gatekeeper.decide(&request) {
-            Verdict::Decided(admission) => {
+            Gate::Decided(admission) => {
                 ResponseFuture::admitted_or_denied(admission, &self.gatekeeper, &mut self.inner, request)
             }
-            Verdict::BadKey(rejection) => ResponseFuture::ready(Gatekeeper::bad_key(rejection)),
-            Verdict::Wait(check, key) => ResponseFuture::checking(check, self.hold(request, key)),
-            Verdict::Queue(wait, key) => ResponseFuture::queued(wait, self.hold(request, key)),
+            Gate::BadKey(rejection) => ResponseFuture::ready(Gatekeeper::bad_key(rejection)),
+            Gate::Wait(check, key) => ResponseFuture::checking(check, self.hold(request, key)),
+            Gate::Queue(wait, key) => ResponseFuture::queued(wait, self.hold(request, key)),
         }
     }
 }

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use row::{Latencies, TSV_COLUMNS, TrialRow};
-pub use steady::Verdict;
+pub use steady::Grade;
 
 use crate::generator::ProfileTrial;
 use crate::profile::{Expected, Profile};
@@ -19,7 +19,7 @@ use crate::profile::{Expected, Profile};
 ///
 /// ```
 /// fn failed(summary: &sluice_loadtest::ProfileSummary) -> bool {
-///     summary.verdict == sluice_loadtest::Verdict::Fail || summary.errors > 0
+///     summary.verdict == sluice_loadtest::Grade::Fail || summary.errors > 0
 /// }
 /// ```
 #[derive(Debug, Clone, PartialEq)]
@@ -45,7 +45,7 @@ pub struct ProfileSummary {
     /// Errors, all trials.
     pub errors: u64,
     /// The worst verdict of its trials.
-    pub verdict: Verdict,
+    pub verdict: Grade,
 }
 
 impl ProfileSummary {
@@ -73,7 +73,7 @@ impl ProfileSummary {
             allowed: rows.iter().map(|r| r.allowed).sum(),
             denied: rows.iter().map(|r| r.denied).sum(),
             errors: rows.iter().map(|r| r.errors).sum(),
-            verdict: rows.iter().map(|r| r.verdict).max().unwrap_or(Verdict::Fail),
+            verdict: rows.iter().map(|r| r.verdict).max().unwrap_or(Grade::Fail),
         })
     }
 }
@@ -151,7 +151,7 @@ impl Report {
     pub fn passed(&self) -> bool {
         self.profiles
             .iter()
-            .all(|p| p.verdict != Verdict::Fail && p.errors == 0)
+            .all(|p| p.verdict != Grade::Fail && p.errors == 0)
     }
 
     /// results.tsv: the header and one line per row.

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 
-use super::steady::{SteadyWindow, Verdict, judge};
+use super::steady::{Grade, SteadyWindow, judge};
 use crate::generator::ProfileTrial;
 use crate::profile::{Expected, Profile};
 
@@ -128,7 +128,7 @@ pub struct TrialRow {
     /// The first of those errors.
     pub first_error: Option<String>,
     /// How `steady_allowed` compares with the expected count.
-    pub verdict: Verdict,
+    pub verdict: Grade,
 }
 
 /// The column names of results.tsv: the counts, rates and latency percentiles, then the
@@ -283,7 +283,7 @@ mod tests {
             (row.cold_start_allowed, row.steady_allowed, row.tail_allowed),
             (11, 2, 1)
         );
-        assert_eq!(row.verdict, Verdict::Pass); // 2 where 1000/s grants 3
+        assert_eq!(row.verdict, Grade::Pass); // 2 where 1000/s grants 3
         // Nothing denied after settling: the window runs to the end, and is not a measurement.
         let c = counts(
             [5, 5, 1, 1, 1, 1, 1, 1, 1, 1, 0],
@@ -298,6 +298,6 @@ mod tests {
             (row.cold_start_allowed, row.steady_allowed, row.tail_allowed),
             (10, 8, 0)
         );
-        assert_eq!(row.verdict, Verdict::NotSaturated);
+        assert_eq!(row.verdict, Grade::NotSaturated);
     }
 }

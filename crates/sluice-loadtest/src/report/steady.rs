@@ -17,10 +17,10 @@ use crate::profile::Expected;
 ///
 /// # Example
 /// ```
-/// assert_eq!(sluice_loadtest::Verdict::NotSaturated.to_string(), "NOT SATURATED");
+/// assert_eq!(sluice_loadtest::Grade::NotSaturated.to_string(), "NOT SATURATED");
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Verdict {
+pub enum Grade {
     /// Within 1% or 1 request of the expected count.
     Pass,
     /// An unlimited profile (control, bypass) that was never denied.
@@ -32,13 +32,13 @@ pub enum Verdict {
     Fail,
 }
 
-impl fmt::Display for Verdict {
+impl fmt::Display for Grade {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Verdict::Pass => "PASS",
-            Verdict::Unlimited => "UNLIMITED",
-            Verdict::NotSaturated => "NOT SATURATED",
-            Verdict::Fail => "FAIL",
+            Grade::Pass => "PASS",
+            Grade::Unlimited => "UNLIMITED",
+            Grade::NotSaturated => "NOT SATURATED",
+            Grade::Fail => "FAIL",
         })
     }
 }
@@ -112,14 +112,14 @@ pub(super) fn judge(
     saturated: bool,
     secs: f64,
     denied: u64,
-) -> (Option<f64>, Verdict) {
+) -> (Option<f64>, Grade) {
     let Expected::Rate(rate) = expected else {
         return (
             None,
             if denied == 0 {
-                Verdict::Unlimited
+                Grade::Unlimited
             } else {
-                Verdict::Fail
+                Grade::Fail
             },
         );
     };
@@ -133,13 +133,13 @@ pub(super) fn judge(
         None
     };
     let verdict = if !saturated || secs <= 0.0 {
-        Verdict::NotSaturated
+        Grade::NotSaturated
     } else if diff.abs() <= expected_count * 0.01
         || (expected_count.floor() - 1.0..=expected_count.ceil() + 1.0).contains(&(allowed as f64))
     {
-        Verdict::Pass
+        Grade::Pass
     } else {
-        Verdict::Fail
+        Grade::Fail
     };
     (error, verdict)
 }
@@ -152,44 +152,41 @@ mod tests {
     fn judges_within_one_percent_or_one_request() {
         // 1/s over 9 s: 8, 9, 10 pass; 11 fails; 5 without denials was never saturated.
         for allowed in [8, 9, 10] {
-            assert_eq!(judge(Expected::Rate(1.0), allowed, true, 9.0, 5).1, Verdict::Pass);
+            assert_eq!(judge(Expected::Rate(1.0), allowed, true, 9.0, 5).1, Grade::Pass);
         }
-        assert_eq!(judge(Expected::Rate(1.0), 11, true, 9.0, 5).1, Verdict::Fail);
+        assert_eq!(judge(Expected::Rate(1.0), 11, true, 9.0, 5).1, Grade::Fail);
         assert_eq!(
             judge(Expected::Rate(1.0), 5, false, 9.0, 0).1,
-            Verdict::NotSaturated
+            Grade::NotSaturated
         );
         // Above the rate but never denied: a burst still being used, not a measured rate.
         assert_eq!(
             judge(Expected::Rate(1.0), 15, false, 9.0, 4).1,
-            Verdict::NotSaturated
+            Grade::NotSaturated
         );
-        assert_eq!(judge(Expected::Rate(1.0), 5, true, 9.0, 3).1, Verdict::Fail);
+        assert_eq!(judge(Expected::Rate(1.0), 5, true, 9.0, 3).1, Grade::Fail);
         // 10/s over 1.499 s (14.99): 13 to 16 pass.
-        assert_eq!(judge(Expected::Rate(10.0), 16, true, 1.499, 5).1, Verdict::Pass);
-        assert_eq!(judge(Expected::Rate(10.0), 13, true, 1.499, 5).1, Verdict::Pass);
-        assert_eq!(judge(Expected::Rate(10.0), 17, true, 1.499, 5).1, Verdict::Fail);
-        assert_eq!(judge(Expected::Rate(10.0), 12, true, 1.499, 5).1, Verdict::Fail);
+        assert_eq!(judge(Expected::Rate(10.0), 16, true, 1.499, 5).1, Grade::Pass);
+        assert_eq!(judge(Expected::Rate(10.0), 13, true, 1.499, 5).1, Grade::Pass);
+        assert_eq!(judge(Expected::Rate(10.0), 17, true, 1.499, 5).1, Grade::Fail);
+        assert_eq!(judge(Expected::Rate(10.0), 12, true, 1.499, 5).1, Grade::Fail);
         // 1000/s over 10 s: ±100 passes.
         assert_eq!(
             judge(Expected::Rate(1000.0), 10_100, true, 10.0, 1).1,
-            Verdict::Pass
+            Grade::Pass
         );
         assert_eq!(
             judge(Expected::Rate(1000.0), 10_101, true, 10.0, 1).1,
-            Verdict::Fail
+            Grade::Fail
         );
         // Unlimited: never denied, or it failed.
-        assert_eq!(
-            judge(Expected::Unlimited, 100, false, 9.0, 0).1,
-            Verdict::Unlimited
-        );
-        assert_eq!(judge(Expected::Unlimited, 100, true, 9.0, 1).1, Verdict::Fail);
+        assert_eq!(judge(Expected::Unlimited, 100, false, 9.0, 0).1, Grade::Unlimited);
+        assert_eq!(judge(Expected::Unlimited, 100, true, 9.0, 1).1, Grade::Fail);
         // Quota 0: the error is 0% when nothing was allowed.
         assert_eq!(
             judge(Expected::Rate(0.0), 0, true, 9.0, 9),
-            (Some(0.0), Verdict::Pass)
+            (Some(0.0), Grade::Pass)
         );
-        assert_eq!(judge(Expected::Rate(0.0), 2, true, 9.0, 9), (None, Verdict::Fail));
+        assert_eq!(judge(Expected::Rate(0.0), 2, true, 9.0, 9), (None, Grade::Fail));
     }
 }

@@ -9,16 +9,16 @@ use smallvec::SmallVec;
 
 use super::{Counted, CounterStore, Tally};
 use crate::answer::Status;
-use crate::counters::Counters;
+use crate::counters::AlgorithmCounters;
 use crate::settings::Counting;
 
 /// The counters of every algorithm the rules use, in this process.
 pub(crate) struct InMemory {
-    pub(crate) by_kind: Vec<(AlgorithmKind, Arc<dyn Counters>)>,
+    pub(crate) by_kind: Vec<(AlgorithmKind, Arc<dyn AlgorithmCounters>)>,
 }
 
 impl InMemory {
-    pub(crate) fn get(&self, kind: AlgorithmKind) -> Option<&dyn Counters> {
+    pub(crate) fn get(&self, kind: AlgorithmKind) -> Option<&dyn AlgorithmCounters> {
         (self.by_kind.iter())
             .find(|(k, _)| *k == kind)
             .map(|(_, counters)| &**counters)
@@ -50,7 +50,7 @@ impl CounterStore for InMemory {
     fn count<'a, 'g: 'a>(&'a self, tally: &'a mut Tally<'g>, counting: Counting) -> Counted<'a> {
         // Only a request of several limits has takes to give back.
         let all_or_nothing = counting == Counting::AllOrNothing && tally.counts.len() > 1;
-        let mut taken: SmallVec<[(usize, &dyn Counters, Receipt); 1]> = SmallVec::new();
+        let mut taken: SmallVec<[(usize, &dyn AlgorithmCounters, Receipt); 1]> = SmallVec::new();
         let mut denied = false;
         tally.statuses.clear();
         for (at, count) in tally.counts.iter().enumerate() {

@@ -34,17 +34,17 @@ pub struct SlidingWindowCounter;
 
 /// The two counters of a sliding window counter.
 #[derive(Debug, Default)]
-pub struct CounterState(Mutex<Counters>);
+pub struct CounterState(Mutex<WindowCounts>);
 
 #[derive(Debug, Default, Clone, Copy)]
-pub struct Counters {
+pub struct WindowCounts {
     retired: bool,
     window: u64,
     previous: u64,
     current: u64,
 }
 
-impl Counters {
+impl WindowCounts {
     /// Moves to the window holding `now` (a time before the current window leaves it as is).
     fn roll(&mut self, now: u64, window_len: u64) {
         let window = now / window_len;
@@ -59,7 +59,7 @@ impl Counters {
     }
 }
 
-fn lock(state: &CounterState) -> MutexGuard<'_, Counters> {
+fn lock(state: &CounterState) -> MutexGuard<'_, WindowCounts> {
     crate::sync::lock(&state.0)
 }
 
@@ -82,7 +82,7 @@ fn decayed_at(count: u64, room: u64, window: u64) -> u64 {
 impl Algorithm for SlidingWindowCounter {
     type Params = WindowParams;
     type State = CounterState;
-    type Snapshot = Counters;
+    type Snapshot = WindowCounts;
 
     fn name(&self) -> &'static str {
         "sliding_window_counter"
@@ -143,7 +143,7 @@ impl Algorithm for SlidingWindowCounter {
         Some(Decision::allowed(limit, limit - used - cost, reset))
     }
 
-    fn retire(&self, state: &CounterState) -> Counters {
+    fn retire(&self, state: &CounterState) -> WindowCounts {
         let mut c = lock(state);
         c.retired = true;
         *c
@@ -152,7 +152,7 @@ impl Algorithm for SlidingWindowCounter {
     fn carry_over(
         &self,
         old: &WindowParams,
-        mut c: Counters,
+        mut c: WindowCounts,
         new: &WindowParams,
         now: u64,
     ) -> (u64, CounterState) {
@@ -167,7 +167,7 @@ impl Algorithm for SlidingWindowCounter {
         // The estimate becomes the count of the new length's window holding `now`. The epoch
         // stays, so windows of every length start at multiples of their length from it (as
         // on Unix time for the Redis script), and the window indexes stay those of the epoch.
-        let counters = Counters {
+        let counters = WindowCounts {
             retired: false,
             window: now / new.window,
             previous: 0,

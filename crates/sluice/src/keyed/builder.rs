@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::book::QuotaBook;
-use super::fetch::{ErrorHook, Slots, Spawner, Task};
+use super::fetch::{ErrorHook, FetchPlaces, Spawner, Task};
 use super::lock::StripedRwLock;
-use super::metrics::Counters;
+use super::metrics::LimiterCounts;
 use super::pool::Pool;
 use super::shard::{Shard, meta};
 use super::table::MAX_ENTRIES;
@@ -53,6 +53,7 @@ impl<K: Hash + Eq + Send + Sync + 'static, A: Algorithm> KeyedLimiter<K, A> {
 /// assert!(!limiter.check("mallory").is_allowed());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+#[must_use = "a builder does nothing until built"]
 pub struct KeyedBuilder<K, A, S, C> {
     algorithm: A,
     clock: C,
@@ -338,14 +339,14 @@ where
                 refresh_after,
                 first_fetch_wait: self.first_fetch_wait,
                 pool,
-                slots: Slots::new(self.max_fetches),
+                slots: FetchPlaces::new(self.max_fetches),
                 fetch_timeout: self.fetch_timeout,
                 algorithm: self.algorithm,
                 clock: self.clock,
                 source: self.source,
                 spawner: self.spawner,
                 on_fetch_error: self.on_fetch_error,
-                counters: Counters::default(),
+                counters: LimiterCounts::default(),
             }),
         })
     }

@@ -4,7 +4,7 @@
 //! caught and a fetch that does not answer within the fetch timeout ends (woken by an alarm,
 //! `timer.rs`); both count as failed fetches, after which the key is fetched again at its next
 //! refresh. A fetch that is not ready at once takes one of the limiter's places for fetches in
-//! flight (`Slots`) for as long as it runs; with none free no task is started.
+//! flight (`FetchPlaces`) for as long as it runs; with none free no task is started.
 
 use std::any::Any;
 use std::future::Future;
@@ -46,15 +46,15 @@ pub(crate) enum Ended {
 }
 
 /// The places for fetches in flight: a fetch not ready at once holds one while it runs.
-pub(crate) struct Slots {
+pub(crate) struct FetchPlaces {
     in_flight: AtomicU64,
     max: u64,
 }
 
 /// One place among the fetches in flight, given back when dropped.
-pub(crate) struct Slot(Arc<Slots>);
+pub(crate) struct FetchPlace(Arc<FetchPlaces>);
 
-impl Slots {
+impl FetchPlaces {
     pub(crate) fn new(max: usize) -> Arc<Self> {
         Arc::new(Self {
             in_flight: AtomicU64::new(0),
@@ -63,13 +63,13 @@ impl Slots {
     }
 
     /// A place, if one is free.
-    pub(crate) fn claim(self: &Arc<Self>) -> Option<Slot> {
+    pub(crate) fn claim(self: &Arc<Self>) -> Option<FetchPlace> {
         self.in_flight
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
                 (n < self.max).then_some(n + 1)
             })
             .ok()
-            .map(|_| Slot(Arc::clone(self)))
+            .map(|_| FetchPlace(Arc::clone(self)))
     }
 
     pub(crate) fn in_flight(&self) -> u64 {
@@ -77,7 +77,7 @@ impl Slots {
     }
 }
 
-impl Drop for Slot {
+impl Drop for FetchPlace {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
@@ -173,7 +173,7 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
 /// dropped first, that it was abandoned, so the key never stays marked as being fetched.
 struct Landing {
     apply: Option<Box<dyn FnOnce(Ended) + Send>>,
-    slot: Option<Slot>,
+    slot: Option<FetchPlace>,
 }
 
 impl Landing {
@@ -200,7 +200,7 @@ where
     C: Clock + 'static,
 {
     /// Fetches `key`'s quota again, in the place claimed for it.
-    pub(crate) fn refresh(&self, key: K, slot: Slot) {
+    pub(crate) fn refresh(&self, key: K, slot: FetchPlace) {
         let inner = &*self.inner;
         let Some(source) = &inner.source else { return };
         bump(&inner.counters.fetches);
@@ -282,7 +282,7 @@ fn block_on_for<F: Future + Unpin>(future: &mut F, timeout: Duration) -> Option<
 pub(crate) struct Pending<K> {
     key: K,
     fetch: Guarded,
-    slot: Slot,
+    slot: FetchPlace,
 }
 
 /// How a new key starts: the quota it is governed by, its bookkeeping bits, and its fetch
@@ -300,7 +300,7 @@ where
     /// only one thread starts it) with a place among the fetches in flight. With no place free
     /// nothing is claimed and a later check tries again.
     #[inline]
-    pub(super) fn claim_refresh(&self, entry: &Entry<K, A>, seen: u64, now: u64) -> Option<Slot> {
+    pub(super) fn claim_refresh(&self, entry: &Entry<K, A>, seen: u64, now: u64) -> Option<FetchPlace> {
         if self.source.is_none() || seen & meta::FETCHING != 0 {
             return None;
         }

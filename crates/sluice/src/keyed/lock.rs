@@ -96,22 +96,22 @@ impl SlotNumbers {
 static SLOT_NUMBERS: SlotNumbers = SlotNumbers::new();
 
 /// A live thread's slot, given back when the thread ends.
-struct Slot(usize);
+struct ReaderSlot(usize);
 
-impl Slot {
+impl ReaderSlot {
     fn take() -> Self {
-        Slot(SLOT_NUMBERS.take())
+        ReaderSlot(SLOT_NUMBERS.take())
     }
 }
 
-impl Drop for Slot {
+impl Drop for ReaderSlot {
     fn drop(&mut self) {
         SLOT_NUMBERS.give_back(self.0);
     }
 }
 
 thread_local! {
-    static SLOT: Slot = Slot::take();
+    static SLOT: ReaderSlot = ReaderSlot::take();
 }
 
 /// This thread's slot; `usize::MAX` (a shared stripe) while the thread's locals are being torn

@@ -67,7 +67,7 @@ impl std::ops::AddAssign for KeyedMetrics {
 /// The limiter-wide counters. Evictions and refusals are counted per shard, under its write
 /// lock.
 #[derive(Default)]
-pub(crate) struct Counters {
+pub(crate) struct LimiterCounts {
     pub(crate) fetches: AtomicU64,
     pub(crate) fetch_errors: AtomicU64,
     pub(crate) fetch_timeouts: AtomicU64,
@@ -75,7 +75,7 @@ pub(crate) struct Counters {
     pub(crate) fetches_skipped: AtomicU64,
 }
 
-impl Counters {
+impl LimiterCounts {
     pub(crate) fn read(&self) -> KeyedMetrics {
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         KeyedMetrics {

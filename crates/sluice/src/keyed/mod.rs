@@ -50,11 +50,11 @@ pub use builder::{
     DEFAULT_CAPACITY, DEFAULT_FETCH_TIMEOUT, DEFAULT_MAX_FETCHES, DEFAULT_REFRESH, KeyedBuildError,
     KeyedBuilder, MAX_REFRESH,
 };
-use fetch::{ErrorHook, Slots};
+use fetch::{ErrorHook, FetchPlaces};
 pub use fetch::{Spawner, Task};
 use lock::StripedRwLock;
-use metrics::Counters;
 pub use metrics::KeyedMetrics;
+use metrics::LimiterCounts;
 pub use migrate::Migrated;
 use pool::Pool;
 use shard::Shard;
@@ -134,12 +134,12 @@ pub(crate) struct Inner<K, A: Algorithm, S, C> {
     /// The failsafe pool, if one was asked for (then `failsafe` is pooled).
     pub(crate) pool: Option<Pool>,
     /// The places for fetches in flight.
-    pub(crate) slots: Arc<Slots>,
+    pub(crate) slots: Arc<FetchPlaces>,
     pub(crate) fetch_timeout: Duration,
     pub(crate) source: Option<S>,
     pub(crate) spawner: Option<Spawner>,
     pub(crate) on_fetch_error: Option<ErrorHook<K>>,
-    pub(crate) counters: Counters,
+    pub(crate) counters: LimiterCounts,
 }
 
 impl<K, A, S, C> KeyedLimiter<K, A, S, C>
