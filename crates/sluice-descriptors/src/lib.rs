@@ -29,14 +29,14 @@
 
 #![forbid(unsafe_code)]
 
+mod compile;
 mod error;
 mod key;
 mod load;
 mod raw;
 mod rules;
 
+pub use compile::{UNITS, parse_domain, unit_seconds};
 pub use error::{LoadError, RulesError};
 pub use key::{RuleId, counter_key, last_value_of, push_counter_key, rule_of};
-pub use rules::{
-    DomainRules, Entry, Limit, MAX_DEPTH, MAX_DESCRIPTORS, MAX_TEXT_BYTES, Rule, RuleSet, parse_domain,
-};
+pub use rules::{DomainRules, Entry, Limit, MAX_DEPTH, MAX_DESCRIPTORS, MAX_TEXT_BYTES, Rule, RuleSet};

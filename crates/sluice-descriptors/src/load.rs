@@ -2,8 +2,9 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::compile::parse_domain;
 use crate::error::LoadError;
-use crate::rules::{DomainRules, RuleSet, parse_domain};
+use crate::rules::{DomainRules, RuleSet};
 
 /// The deepest directory read below the one given (a link loop ends there).
 const MAX_DIR_DEPTH: usize = 8;

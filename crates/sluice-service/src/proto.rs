@@ -186,17 +186,22 @@ impl Unit {
         Self::ALL.into_iter().find(|unit| *unit as i32 == n)
     }
 
-    /// Its length in seconds (a month is 30 days, a year 365, as the rules read them).
-    pub const fn seconds(self) -> u64 {
+    /// Its name in the rules' `unit` field (`unknown` for none).
+    pub const fn name(self) -> &'static str {
         match self {
-            Unit::Unknown => 0,
-            Unit::Second => 1,
-            Unit::Minute => 60,
-            Unit::Hour => 3_600,
-            Unit::Day => 86_400,
-            Unit::Week => 7 * 86_400,
-            Unit::Month => 30 * 86_400,
-            Unit::Year => 365 * 86_400,
+            Unit::Unknown => "unknown",
+            Unit::Second => "second",
+            Unit::Minute => "minute",
+            Unit::Hour => "hour",
+            Unit::Day => "day",
+            Unit::Week => "week",
+            Unit::Month => "month",
+            Unit::Year => "year",
         }
+    }
+
+    /// Its length in seconds, as the rules read it (`sluice_descriptors::UNITS`); 0 for none.
+    pub fn seconds(self) -> u64 {
+        sluice_descriptors::unit_seconds(self.name()).unwrap_or(0)
     }
 }
