@@ -36,6 +36,7 @@
 mod algorithm;
 mod concurrency;
 mod error;
+mod health;
 mod hybrid;
 mod limiter;
 mod metrics;
