@@ -159,7 +159,8 @@ pub struct ProfileSet {
     pub profiles: Vec<Profile>,
 }
 
-/// What `--profiles` takes for the built-in set: `demo`, and `seed`, its earlier name.
+/// What `--profiles` takes for the built-in set: `demo` (and the name it had before, kept so
+/// older scripts still run).
 const DEMO_NAMES: [&str; 2] = ["demo", "seed"];
 
 impl ProfileSet {
@@ -221,12 +222,10 @@ impl ProfileSet {
         }
     }
 
-    /// The built-in set ([`ProfileSet::demo`]) for `demo` (or its former name `seed`), else
-    /// the YAML file at `spec`.
+    /// The built-in set ([`ProfileSet::demo`]) for `demo`, else the YAML file at `spec`.
     ///
     /// ```
     /// assert_eq!(sluice_loadtest::ProfileSet::load("demo")?.profiles.len(), 12);
-    /// assert_eq!(sluice_loadtest::ProfileSet::load("seed")?, sluice_loadtest::ProfileSet::demo());
     /// let err = sluice_loadtest::ProfileSet::load("/nonexistent/profiles.yaml").unwrap_err();
     /// assert!(err.to_string().starts_with("--profiles /nonexistent/profiles.yaml: "));
     /// # Ok::<(), sluice_loadtest::LoadtestError>(())

@@ -44,8 +44,8 @@ pub trait ValueQuotaSource: Send + Sync + 'static {
     fn fetch(&self, value: &str) -> Pin<Box<dyn Future<Output = FetchResult> + Send + 'static>>;
 }
 
-/// Where one domain's quotas come from value by value (seed 000: each account's quota asked
-/// of the service that keeps it): a counter of a rule of `domain` that is not exact (a
+/// Where one domain's quotas come from value by value (the demo's accounts: each account's
+/// quota asked of the service that keeps it): a counter of a rule of `domain` that is not exact (a
 /// key-only or prefix rule) takes the quota `source` gives for its descriptor's value; the
 /// failsafe quota and pool govern it while the answer comes, and its last answer stays when
 /// the source fails. Exact rules keep their own quotas.
@@ -186,8 +186,8 @@ impl QuotaSource<String> for RuleQuotas {
 /// How the engine's limiters are built.
 ///
 /// The quota of a rule's counter is known at once, so the failsafe quota and pool govern a
-/// counter only while a simulated fetch latency runs (the demo's `fetch_latency`, seed 000's
-/// experiment): by default there is none and they never do.
+/// counter only while a simulated fetch latency runs (the demo's `fetch_latency`, the
+/// demo's experiment): by default there is none and they never do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CounterSettings {
     /// The most counters held per algorithm (the keyed limiter's capacity).
