@@ -54,7 +54,7 @@ pub enum AppError {
     Layer(#[from] BuildError),
     /// The quota service's URL.
     #[error("accounts_url: {0}")]
-    AccountsUrl(#[from] sluice_rules::UrlError),
+    AccountsUrl(#[from] sluice_rules_client::UrlError),
     /// The `redis:` section gives no URL or cluster and no `--redis` was given.
     #[error("redis.url: not set (give it or redis.cluster in the config, or --redis URL)")]
     NoRedisUrl,
@@ -317,11 +317,11 @@ fn accounts_rules(settings: &Settings) -> Result<RuleSet, sluice_descriptors::Ru
 /// The engine's settings from the limiter's: the quota of a key not yet fetched is the
 /// failsafe one (and the pool), for the simulated fetch latency or while the quota service
 /// of `accounts_url` answers.
-fn engine_settings(limiter: &LimiterSettings) -> Result<EngineSettings, sluice_rules::UrlError> {
+fn engine_settings(limiter: &LimiterSettings) -> Result<EngineSettings, sluice_rules_client::UrlError> {
     let by_value = match &limiter.accounts_url {
         Some(url) => Some(ValueQuotas {
             domain: ACCOUNTS_DOMAIN.into(),
-            source: Arc::new(AccountsService(sluice_rules::HttpQuotas::new(
+            source: Arc::new(AccountsService(sluice_rules_client::HttpQuotas::new(
                 url,
                 limiter.fetch_timeout,
             )?)),
@@ -346,7 +346,7 @@ fn engine_settings(limiter: &LimiterSettings) -> Result<EngineSettings, sluice_r
 }
 
 /// The quota service of `accounts_url`, asked for an account's quota by the engine.
-struct AccountsService(sluice_rules::HttpQuotas);
+struct AccountsService(sluice_rules_client::HttpQuotas);
 
 impl ValueQuotaSource for AccountsService {
     fn fetch(&self, account: &str) -> Pin<Box<dyn Future<Output = sluice::FetchResult> + Send + 'static>> {

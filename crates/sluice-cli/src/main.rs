@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use sluice_cli::config;
+use sluice_config as config;
 use tracing::level_filters::LevelFilter;
 
 /// Exact, fast, bounded rate limiting.

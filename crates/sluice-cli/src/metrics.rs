@@ -50,7 +50,7 @@ pub struct Observed {
     /// The connections open now.
     pub open: OpenConnections,
     /// The rules service the host polls, if it does (the console edits rules through it).
-    pub rules_service: Option<sluice_rules::RulesSource>,
+    pub rules_service: Option<sluice_rules_client::RulesSource>,
 }
 
 impl std::fmt::Debug for Observed {

@@ -11,13 +11,13 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use sluice_descriptors::RuleSet;
-use sluice_rules::{FetchError, Fetched, Snapshot, SnapshotError};
+use sluice_rules_client::{DEFAULT_MAX_BYTES, FetchError, Fetched, Snapshot, SnapshotError};
 use sluice_service::{CheckApi, Engine, EngineSettings, RateLimitService, RedisCounters};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::app::RedisBackendError;
-use crate::config::{RulesFrom, RulesService, Settings};
+use crate::config::{self, RulesFrom, RulesService, Settings};
 use crate::metrics::HostState;
 
 /// How often the rules' files are read for a change.
@@ -72,6 +72,24 @@ pub struct Running {
     api: Option<SocketAddr>,
 }
 
+/// The config's `counting` as the engine takes it (the same names and meanings).
+fn counting(counting: config::Counting) -> sluice_service::Counting {
+    match counting {
+        config::Counting::AllOrNothing => sluice_service::Counting::AllOrNothing,
+        config::Counting::Independent => sluice_service::Counting::Independent,
+    }
+}
+
+/// The config's `rls.headers` as the engine takes it (the same names and meanings).
+fn fields(fields: config::FieldSet) -> sluice_service::FieldSet {
+    match fields {
+        config::FieldSet::None => sluice_service::FieldSet::None,
+        config::FieldSet::Draft => sluice_service::FieldSet::Draft,
+        config::FieldSet::Legacy => sluice_service::FieldSet::Legacy,
+        config::FieldSet::All => sluice_service::FieldSet::All,
+    }
+}
+
 /// Starts the service's listeners and rules watcher on this runtime, if the config has rules.
 /// Prints `rls listening on ADDR` and `api listening on http://ADDR/` to stdout for each
 /// listener bound; with `shared_port`, other threads may bind the same ports
@@ -88,8 +106,8 @@ pub async fn start(
     };
     let engine_settings = EngineSettings {
         algorithm: settings.limiter.algorithm,
-        counting: service.counting,
-        fields: service.fields,
+        counting: counting(service.counting),
+        fields: fields(service.fields),
         counters: sluice_service::CounterSettings {
             capacity: settings.limiter.capacity,
             ..sluice_service::CounterSettings::default()
@@ -318,13 +336,12 @@ async fn first_rules(
         Ok(Fetched::Unchanged) => Box::new(FetchError::Http("304 to a first request".into())),
         Err(e) => Box::new(e),
     };
-    let kept = Snapshot::load(&remote.snapshot, sluice_rules::DEFAULT_MAX_BYTES).map_err(|snapshot| {
-        ServiceError::NoRules {
+    let kept =
+        Snapshot::load(&remote.snapshot, DEFAULT_MAX_BYTES).map_err(|snapshot| ServiceError::NoRules {
             url: remote.url.clone(),
             fetch: failed.to_string().into(),
             snapshot: Box::new(snapshot),
-        }
-    })?;
+        })?;
     tracing::warn!(
         url = %remote.url,
         snapshot = %remote.snapshot.display(),
@@ -412,5 +429,32 @@ async fn poll_service(
                 tracing::error!(revision, "rules refused, the running rules stay: {e}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The config reads `counting` and `rls.headers` itself; each name it takes means to the
+    /// engine what the engine's own parser makes of it, and the defaults agree.
+    #[test]
+    fn the_configs_counting_and_fields_are_the_engines() {
+        for name in ["all_or_nothing", "independent", "each", ""] {
+            let read = name.parse::<config::Counting>().map(counting);
+            assert_eq!(read, name.parse::<sluice_service::Counting>(), "{name:?}");
+        }
+        for name in ["none", "draft", "legacy", "all", "some", ""] {
+            let read = name.parse::<config::FieldSet>().map(fields);
+            assert_eq!(read, name.parse::<sluice_service::FieldSet>(), "{name:?}");
+        }
+        assert_eq!(
+            counting(config::Counting::default()),
+            sluice_service::Counting::default()
+        );
+        assert_eq!(
+            fields(config::FieldSet::default()),
+            sluice_service::FieldSet::default()
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! The YAML config of `sluice serve`.
 
 use sluice::{KeyedLimiter, Quota, TokenBucket};
-use sluice_cli::config::{Settings, parse_bytes};
+use sluice_config::{Settings, parse_bytes};
 use sluice_http::{MAX_KEY_LEN, RateLimitLayer, RouteCosts, TrustedProxies};
 
 /// `data` as a config file: checking never panics; a refusal names a field and fits on one

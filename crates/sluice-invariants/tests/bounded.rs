@@ -164,6 +164,6 @@ proptest! {
 
 #[test]
 fn the_shipped_configs_hold() {
-    sluice_invariants::config(sluice_cli::config::DEFAULT_CONFIG.as_bytes());
+    sluice_invariants::config(sluice_config::DEFAULT_CONFIG.as_bytes());
     sluice_invariants::config(b"");
 }

@@ -17,7 +17,8 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use sluice_rules::{Fetched, RuleStore, RulesApi, RulesSource, SqliteStore, Tokens};
+use sluice_rules::{RuleStore, RulesApi, SqliteStore, Tokens};
+use sluice_rules_client::{Fetched, RulesSource};
 
 /// A domain of `rules` descriptors, `user` values `u0`, `u1`, ..., each with its own limit.
 fn domain(name: &str, rules: usize) -> String {

@@ -25,6 +25,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde::{Deserialize, Serialize};
+use sluice_rules_client::{DomainBody, SnapshotBody};
 use tokio::net::TcpListener;
 
 use crate::patch::PatchError;
@@ -244,14 +245,7 @@ fn required_if_match(headers: &HeaderMap) -> Result<Option<u64>, Refused> {
     }
 }
 
-/// One domain as the API sends it (and a retriever reads it).
-#[derive(Serialize, Deserialize)]
-pub(crate) struct DomainBody {
-    pub domain: String,
-    pub revision: u64,
-    pub rules: String,
-}
-
+/// A stored domain as the API sends it (and a host's retriever reads it).
 impl From<DomainRecord> for DomainBody {
     fn from(record: DomainRecord) -> Self {
         Self {
@@ -266,13 +260,6 @@ fn with_etag(status: StatusCode, revision: u64, body: impl Serialize) -> Respons
     let mut answer = (status, axum::Json(body)).into_response();
     answer.headers_mut().insert(header::ETAG, etag(revision));
     answer
-}
-
-/// Every domain at one revision (`GET /v1/rules`).
-#[derive(Serialize, Deserialize)]
-pub(crate) struct SnapshotBody {
-    pub revision: u64,
-    pub domains: Vec<DomainBody>,
 }
 
 async fn snapshot<S: RuleStore + Send + Sync + 'static>(

@@ -1,5 +1,9 @@
 //! # sluice-rules: descriptor rules in a database
 //!
+//! The rules service's side (`sluice rules`), deployed where the rules are kept; hosts only
+//! poll it, with the light client of `sluice-rules-client`, and never compile this crate's
+//! databases.
+//!
 //! Seed 004's rules store: each domain's rules (one file of envoy ratelimit's format, checked
 //! by [`sluice_descriptors::parse_domain`], the same validator as the service's files) kept
 //! in a database with a store-wide revision that only grows and a history of every change
@@ -8,9 +12,9 @@
 //!
 //! [`SqliteStore`] is the embedded store (one file, WAL); [`PostgresStore`] one that several
 //! rules-service replicas share. [`RulesApi`] serves it over HTTP
-//! (JSON, `ETag`/`If-Match`, bearer [`Tokens`] with a scope). A [`RulesSource`] polls it from
-//! every host (a 304 while nothing changed) and a [`Snapshot`] is what the host keeps on disk.
-//! [`HttpQuotas`] asks a quota service for one key's quota (seed 000's fetch made real).
+//! (JSON, `ETag`/`If-Match`, bearer [`Tokens`] with a scope); its snapshot answer
+//! (`GET /v1/rules`) is `sluice_rules_client::SnapshotBody`, the model the hosts' retriever
+//! (`sluice_rules_client::RulesSource`) reads, defined once there.
 //!
 //! ```
 //! use sluice_rules::{RuleStore, SqliteStore};
@@ -28,21 +32,14 @@
 #![warn(missing_docs)]
 
 mod api;
-mod client;
 mod patch;
 mod postgres;
-mod quotas;
-mod retriever;
 mod sqlite;
 mod tokens;
 
 pub use api::{MAX_RULES_BYTES, RulesApi};
 pub use patch::{MAX_PATCH_OPERATIONS, PatchError};
 pub use postgres::PostgresStore;
-pub use quotas::HttpQuotas;
-pub use retriever::{
-    DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT, FetchError, Fetched, RulesSource, Snapshot, SnapshotError, UrlError,
-};
 pub use sqlite::SqliteStore;
 pub use tokens::{Caller, Scope, Tokens, TokensError};
 

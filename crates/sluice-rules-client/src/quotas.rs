@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::{StatusCode, header};
+use http::{StatusCode, header};
 use sluice::{FetchResult, Quota};
 
 use crate::UrlError;
@@ -23,7 +23,7 @@ const KEY_MARK: &str = "%7Bkey%7D";
 ///
 /// # Example
 /// ```no_run
-/// use sluice_rules::HttpQuotas;
+/// use sluice_rules_client::HttpQuotas;
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let quotas = HttpQuotas::new("http://127.0.0.1:9000/quota/{key}", std::time::Duration::from_secs(1))?;
 /// let alice = quotas.fetch("alice@example.com").await?;
@@ -50,6 +50,15 @@ impl HttpQuotas {
     ///
     /// # Errors
     /// Not an `http://` URL, or no `{key}` in its path.
+    ///
+    /// # Example
+    /// ```
+    /// use std::time::Duration;
+    /// use sluice_rules_client::HttpQuotas;
+    /// assert!(HttpQuotas::new("http://quotas.internal/v1/{key}.json", Duration::from_secs(1)).is_ok());
+    /// let e = HttpQuotas::new("http://quotas.internal/v1/quota", Duration::from_secs(1)).unwrap_err();
+    /// assert!(e.to_string().contains("no {key} in the path"), "{e}");
+    /// ```
     pub fn new(url: &str, timeout: Duration) -> Result<Self, UrlError> {
         let (authority, path) = crate::client::parse_http_url(&url.replace("{key}", KEY_MARK))?;
         let Some((before, after)) = path.split_once(KEY_MARK) else {
@@ -72,6 +81,17 @@ impl HttpQuotas {
     ///
     /// # Errors
     /// The service unreachable, slow, answering another status, or not a quota.
+    ///
+    /// # Example
+    /// ```no_run
+    /// # async fn run(quotas: sluice_rules_client::HttpQuotas) -> sluice::FetchResult {
+    /// match quotas.fetch("alice@example.com").await? {
+    ///     Some(quota) => println!("alice: {quota}"),
+    ///     None => println!("alice is not known"),
+    /// }
+    /// # Ok(None)
+    /// # }
+    /// ```
     pub fn fetch(&self, key: &str) -> impl Future<Output = FetchResult> + Send + 'static {
         let inner = Arc::clone(&self.inner);
         let mut path = String::with_capacity(inner.before.len() + key.len() * 3 + inner.after.len());

@@ -7,20 +7,36 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use axum::body::Bytes;
-use axum::http::{StatusCode, header};
+use bytes::Bytes;
+use http::{StatusCode, header};
 use sluice_descriptors::{RuleSet, RulesError};
 
-use crate::api::{DomainBody, SnapshotBody};
+use crate::wire::{DomainBody, SnapshotBody};
 
 /// The largest answer (or snapshot file) taken, unless [`RulesSource::max_bytes`] says
 /// otherwise: far above 10 000 rules, far below what could hurt the host.
+///
+/// ```
+/// assert_eq!(sluice_rules_client::DEFAULT_MAX_BYTES, 64 << 20);
+/// ```
 pub const DEFAULT_MAX_BYTES: usize = 64 * 1024 * 1024;
 
 /// How long one poll may take, unless [`RulesSource::timeout`] says otherwise.
+///
+/// ```
+/// assert_eq!(sluice_rules_client::DEFAULT_TIMEOUT, std::time::Duration::from_secs(5));
+/// ```
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Why a rules service's address was refused.
+/// Why a rules service's (or a quota service's) address was refused.
+///
+/// ```
+/// use sluice_rules_client::{RulesSource, UrlError};
+/// let e = RulesSource::new("https://rules.internal", None).unwrap_err();
+/// assert!(matches!(e, UrlError::Scheme(_)), "{e}");
+/// let e = RulesSource::new("http://rules.internal", Some("line\nbreak")).unwrap_err();
+/// assert!(matches!(e, UrlError::Token), "{e}");
+/// ```
 #[derive(Debug, thiserror::Error)]
 pub enum UrlError {
     /// Not a URL.
@@ -40,6 +56,13 @@ pub enum UrlError {
 }
 
 /// Why a poll brought no rules. The rules held stay; nothing is half-applied.
+///
+/// ```
+/// use sluice_rules_client::{FetchError, Snapshot};
+/// let e = Snapshot::from_json(b"<html>".to_vec().into()).unwrap_err();
+/// assert!(matches!(e, FetchError::Json(_)));
+/// assert!(e.to_string().starts_with("not a rules snapshot"), "{e}");
+/// ```
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
     /// The service could not be reached or the connection broke.
@@ -87,6 +110,12 @@ pub enum FetchError {
 }
 
 /// Why a snapshot file could not be used.
+///
+/// ```
+/// use sluice_rules_client::{Snapshot, SnapshotError};
+/// let e = Snapshot::load("/nonexistent/snapshot.json".as_ref(), 1 << 20).unwrap_err();
+/// assert!(matches!(e, SnapshotError::Io { .. }), "{e}");
+/// ```
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
     /// It could not be read or written.
@@ -108,6 +137,13 @@ pub enum SnapshotError {
 }
 
 /// A checked set of rules at one store revision, with the JSON it came as (what is saved).
+///
+/// ```
+/// use sluice_rules_client::Snapshot;
+/// let snapshot = Snapshot::from_json(br#"{"revision": 0, "domains": []}"#.to_vec().into())?;
+/// assert!(snapshot.revision == 0 && snapshot.rules.is_empty());
+/// # Ok::<(), sluice_rules_client::FetchError>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct Snapshot {
     /// The store's revision.
@@ -128,9 +164,9 @@ impl Snapshot {
     /// ```
     /// let json = r#"{"revision": 3, "domains": [{"domain": "edge", "revision": 3,
     ///     "rules": "domain: edge\ndescriptors:\n  - key: ip\n    rate_limit: {unit: second, requests_per_unit: 5}\n"}]}"#;
-    /// let snapshot = sluice_rules::Snapshot::from_json(json.as_bytes().to_vec().into())?;
+    /// let snapshot = sluice_rules_client::Snapshot::from_json(json.as_bytes().to_vec().into())?;
     /// assert_eq!((snapshot.revision, snapshot.rules.len()), (3, 1));
-    /// # Ok::<(), sluice_rules::FetchError>(())
+    /// # Ok::<(), sluice_rules_client::FetchError>(())
     /// ```
     pub fn from_json(json: Bytes) -> Result<Self, FetchError> {
         let body: SnapshotBody = serde_json::from_slice(&json)?;
@@ -165,6 +201,19 @@ impl Snapshot {
     ///
     /// # Errors
     /// The file cannot be read, is over `max_bytes`, or holds no good snapshot.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice_rules_client::{DEFAULT_MAX_BYTES, Snapshot, SnapshotError};
+    /// let path = std::env::temp_dir().join(format!("sluice-snapshot-load-{}.json", std::process::id()));
+    /// std::fs::write(&path, br#"{"revision": 4, "domains": []}"#).unwrap();
+    /// let kept = Snapshot::load(&path, DEFAULT_MAX_BYTES);
+    /// let too_large = Snapshot::load(&path, 8);
+    /// std::fs::remove_file(&path).unwrap();
+    /// assert_eq!(kept?.revision, 4);
+    /// assert!(matches!(too_large, Err(SnapshotError::Invalid { .. })));
+    /// # Ok::<(), SnapshotError>(())
+    /// ```
     pub fn load(path: &Path, max_bytes: usize) -> Result<Self, SnapshotError> {
         let io = |source| SnapshotError::Io {
             path: path.to_path_buf(),
@@ -187,6 +236,18 @@ impl Snapshot {
     ///
     /// # Errors
     /// The file or its directory cannot be written.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice_rules_client::{DEFAULT_MAX_BYTES, Snapshot};
+    /// let snapshot = Snapshot::from_json(br#"{"revision": 9, "domains": []}"#.to_vec().into())?;
+    /// let path = std::env::temp_dir().join(format!("sluice-snapshot-save-{}.json", std::process::id()));
+    /// snapshot.save(&path)?;
+    /// let read = Snapshot::load(&path, DEFAULT_MAX_BYTES);
+    /// std::fs::remove_file(&path).unwrap();
+    /// assert_eq!(read?.revision, 9);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn save(&self, path: &Path) -> Result<(), SnapshotError> {
         let io = |source| SnapshotError::Io {
             path: path.to_path_buf(),
@@ -204,6 +265,17 @@ impl Snapshot {
 }
 
 /// What a poll found.
+///
+/// ```no_run
+/// use sluice_rules_client::{Fetched, RulesSource};
+/// # async fn run(source: RulesSource, held: Option<u64>) -> Result<(), sluice_rules_client::FetchError> {
+/// match source.fetch(held).await? {
+///     Fetched::Unchanged => {}
+///     Fetched::Changed(snapshot) => println!("revision {}: {} rules", snapshot.revision, snapshot.rules.len()),
+/// }
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
 pub enum Fetched {
     /// The store is still at the revision asked with.
@@ -216,7 +288,7 @@ pub enum Fetched {
 ///
 /// # Example
 /// ```no_run
-/// use sluice_rules::{Fetched, RulesSource};
+/// use sluice_rules_client::{Fetched, RulesSource};
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let source = RulesSource::new("http://127.0.0.1:8083", Some("s3cret"))?;
 /// let Fetched::Changed(first) = source.fetch(None).await? else { unreachable!() };
@@ -243,6 +315,14 @@ impl RulesSource {
     ///
     /// # Errors
     /// Not an `http://` URL with a host, or a token a header cannot carry.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice_rules_client::RulesSource;
+    /// assert_eq!(RulesSource::new("http://rules.internal/sluice/", None)?.authority(), "rules.internal:80");
+    /// assert!(RulesSource::new("rules.internal:8083", None).is_err());
+    /// # Ok::<(), sluice_rules_client::UrlError>(())
+    /// ```
     pub fn new(url: &str, token: Option<&str>) -> Result<Self, UrlError> {
         let (authority, base) = crate::client::parse_http_url(url)?;
         let path = format!("{base}/v1/rules");
@@ -265,6 +345,12 @@ impl RulesSource {
     }
 
     /// How long one poll may take, connection included.
+    ///
+    /// ```
+    /// let source = sluice_rules_client::RulesSource::new("http://127.0.0.1:8083", None)?
+    ///     .timeout(std::time::Duration::from_millis(500));
+    /// # Ok::<(), sluice_rules_client::UrlError>(())
+    /// ```
     #[must_use]
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
@@ -272,6 +358,11 @@ impl RulesSource {
     }
 
     /// The largest answer taken.
+    ///
+    /// ```
+    /// let source = sluice_rules_client::RulesSource::new("http://127.0.0.1:8083", None)?.max_bytes(1 << 20);
+    /// # Ok::<(), sluice_rules_client::UrlError>(())
+    /// ```
     #[must_use]
     pub fn max_bytes(mut self, max_bytes: usize) -> Self {
         self.max_bytes = max_bytes;
@@ -279,6 +370,12 @@ impl RulesSource {
     }
 
     /// host:port polled.
+    ///
+    /// ```
+    /// let source = sluice_rules_client::RulesSource::new("http://127.0.0.1:8083", None)?;
+    /// assert_eq!(source.authority(), "127.0.0.1:8083");
+    /// # Ok::<(), sluice_rules_client::UrlError>(())
+    /// ```
     pub fn authority(&self) -> &str {
         &self.authority
     }
@@ -290,9 +387,21 @@ impl RulesSource {
     ///
     /// # Errors
     /// The service unreachable or slow, or an answer over the bound.
+    ///
+    /// # Example
+    /// ```no_run
+    /// use sluice_rules_client::RulesSource;
+    /// # async fn run(source: RulesSource) -> Result<(), sluice_rules_client::FetchError> {
+    /// let (status, _headers, body) = source
+    ///     .forward(http::Method::GET, "domains?limit=10", Vec::new(), bytes::Bytes::new())
+    ///     .await?;
+    /// println!("{status}: {} bytes", body.len());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn forward(
         &self,
-        method: axum::http::Method,
+        method: http::Method,
         path: &str,
         headers: Vec<(header::HeaderName, header::HeaderValue)>,
         body: Bytes,
@@ -311,6 +420,18 @@ impl RulesSource {
     /// # Errors
     /// The service unreachable or slow, a refused token, an unexpected status, or an answer
     /// that is not a good snapshot.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice_rules_client::{FetchError, RulesSource};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// // Nothing listens on port 9 of this host: the poll fails, and says where it went.
+    /// let source = RulesSource::new("http://127.0.0.1:9", None).unwrap();
+    /// let failed = source.fetch(None).await.unwrap_err();
+    /// assert!(matches!(failed, FetchError::Connect { .. } | FetchError::Timeout(_)), "{failed}");
+    /// # }
+    /// ```
     pub async fn fetch(&self, known: Option<u64>) -> Result<Fetched, FetchError> {
         match tokio::time::timeout(self.timeout, self.exchange(known)).await {
             Ok(answer) => answer,

@@ -9,9 +9,9 @@ use sluice_http::{BuildError, ClientIpHeader, CostRule, IpNet, KeyPart, RateLimi
 
 use super::raw::{RawConfig, RawCost, RawKey, RawListener, RawRls, RawRules, RawRulesService, RawWait};
 use super::{
-    ConfigError, DEFAULT_MAX_WAIT, DEFAULT_QUEUE_LIMIT, DEFAULT_RULES_POLL, DEFAULT_RULES_SNAPSHOT,
-    ExcessSettings, LimiterSettings, LoadedRules, RULES_TOKEN_ENV, RulesFrom, RulesService, ServiceSettings,
-    Settings, duration, error,
+    ConfigError, Counting, DEFAULT_MAX_WAIT, DEFAULT_QUEUE_LIMIT, DEFAULT_RULES_POLL, DEFAULT_RULES_SNAPSHOT,
+    ExcessSettings, FieldSet, LimiterSettings, LoadedRules, RULES_TOKEN_ENV, RulesFrom, RulesService,
+    ServiceSettings, Settings, duration, error,
 };
 
 /// The most keys a config may ask the limiter to hold (about 6 GB of entries): a bound, so a
@@ -206,7 +206,7 @@ impl RawConfig {
             ));
         }
         if let Some(url) = &self.accounts_url {
-            sluice_rules::HttpQuotas::new(url, fetch_timeout).map_err(|e| error("accounts_url", e))?;
+            sluice_rules_client::HttpQuotas::new(url, fetch_timeout).map_err(|e| error("accounts_url", e))?;
         }
         let limiter = LimiterSettings {
             algorithm,
@@ -377,11 +377,11 @@ fn service(
     let api_listen = api.map(|a| address("api.listen", &a.listen)).transpose()?;
     let fields = match rls.and_then(|r| r.headers.as_deref()) {
         Some(text) => text.parse().map_err(|e| error("rls.headers", e))?,
-        None => sluice_service::FieldSet::default(),
+        None => FieldSet::default(),
     };
     let counting = match counting {
         Some(text) => text.parse().map_err(|e| error("counting", e))?,
-        None => sluice_service::Counting::default(),
+        None => Counting::default(),
     };
     let Some(rules) = rules else {
         if rls_listen.is_some() || api_listen.is_some() {
@@ -434,15 +434,15 @@ fn rules_service(raw: &RawRulesService, dir: Option<&std::path::Path>) -> Result
     }
     let timeout = match &raw.timeout {
         Some(text) => duration("rules.timeout", text)?,
-        None => sluice_rules::DEFAULT_TIMEOUT,
+        None => sluice_rules_client::DEFAULT_TIMEOUT,
     };
     if timeout.is_zero() {
         return Err(error("rules.timeout", "must be more than 0"));
     }
     let token = raw.token.clone().or_else(|| std::env::var(RULES_TOKEN_ENV).ok());
-    let source = sluice_rules::RulesSource::new(&raw.url, token.as_deref())
+    let source = sluice_rules_client::RulesSource::new(&raw.url, token.as_deref())
         .map_err(|e| match e {
-            sluice_rules::UrlError::Token => error("rules.token", e),
+            sluice_rules_client::UrlError::Token => error("rules.token", e),
             _ => error("rules.url", e),
         })?
         .timeout(timeout);

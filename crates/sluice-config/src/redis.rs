@@ -9,6 +9,15 @@ use super::raw::RawRedis;
 use super::{ConfigError, Settings, duration, error};
 
 /// Limits shared through Redis (the `redis:` section, or `--redis URL`).
+///
+/// ```
+/// use sluice_config::RedisSettings;
+/// let file = "redis:\n  url: redis://127.0.0.1:6379\n  hosts: 3\n";
+/// let redis = sluice_config::parse(file)?.limiter.redis.unwrap();
+/// assert_eq!(redis.url.as_deref(), Some("redis://127.0.0.1:6379"));
+/// assert_eq!((redis.hosts, redis.prefix), (3, RedisSettings::default().prefix));
+/// # Ok::<(), sluice_config::ConfigError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisSettings {
     /// Where Redis is (`None` until `--redis` gives it, or when `cluster` does).
@@ -43,7 +52,17 @@ impl Default for RedisSettings {
 }
 
 /// Sets (or overrides) the Redis URL, as `--redis URL` does: that one server is used, even
-/// where the config names a cluster.
+/// where the config names a cluster. The quotas, checked without Redis' bounds when the file
+/// names no Redis, are checked against them now.
+///
+/// ```
+/// let settings = sluice_config::parse("{}")?;
+/// let on_redis = sluice_config::with_redis_url(settings.clone(), "redis://10.0.0.1")?;
+/// assert_eq!(on_redis.limiter.redis.unwrap().url.as_deref(), Some("redis://10.0.0.1"));
+/// let e = sluice_config::with_redis_url(settings, "10.0.0.1:6379").unwrap_err();
+/// assert_eq!(e.field, "--redis");
+/// # Ok::<(), sluice_config::ConfigError>(())
+/// ```
 pub fn with_redis_url(mut settings: Settings, url: &str) -> Result<Settings, ConfigError> {
     check_url("--redis", url)?;
     check_algorithm("--redis", settings.limiter.algorithm)?;

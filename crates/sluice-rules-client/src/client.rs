@@ -1,8 +1,8 @@
 //! The one HTTP request a host makes of a service it reads its limits from (the rules
 //! service, a quota service): a GET on a new HTTP/1.1 connection, its answer bounded.
 
-use axum::body::Bytes;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri, header};
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
@@ -18,7 +18,7 @@ pub(crate) fn parse_http_url(url: &str) -> Result<(String, String), UrlError> {
     };
     let uri: Uri = url
         .parse()
-        .map_err(|e: axum::http::uri::InvalidUri| invalid(&e.to_string()))?;
+        .map_err(|e: http::uri::InvalidUri| invalid(&e.to_string()))?;
     match uri.scheme_str() {
         Some("http") => {}
         Some(_) => return Err(UrlError::Scheme(url.to_owned())),
