@@ -17,7 +17,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::app::RedisBackendError;
-use crate::config::{self, RulesFrom, RulesService, Settings};
+use crate::config::{RulesFrom, RulesService, Settings};
 use crate::metrics::HostState;
 
 /// How often the rules' files are read for a change.
@@ -72,24 +72,6 @@ pub struct Running {
     api: Option<SocketAddr>,
 }
 
-/// The config's `counting` as the engine takes it (the same names and meanings).
-fn counting(counting: config::Counting) -> sluice_service::Counting {
-    match counting {
-        config::Counting::AllOrNothing => sluice_service::Counting::AllOrNothing,
-        config::Counting::Independent => sluice_service::Counting::Independent,
-    }
-}
-
-/// The config's `rls.headers` as the engine takes it (the same names and meanings).
-fn fields(fields: config::FieldSet) -> sluice_service::FieldSet {
-    match fields {
-        config::FieldSet::None => sluice_service::FieldSet::None,
-        config::FieldSet::Draft => sluice_service::FieldSet::Draft,
-        config::FieldSet::Legacy => sluice_service::FieldSet::Legacy,
-        config::FieldSet::All => sluice_service::FieldSet::All,
-    }
-}
-
 /// Starts the service's listeners and rules watcher on this runtime, if the config has rules.
 /// Prints `rls listening on ADDR` and `api listening on http://ADDR/` to stdout for each
 /// listener bound; with `shared_port`, other threads may bind the same ports
@@ -106,8 +88,8 @@ pub async fn start(
     };
     let engine_settings = EngineSettings {
         algorithm: settings.limiter.algorithm,
-        counting: counting(service.counting),
-        fields: fields(service.fields),
+        counting: service.counting,
+        fields: service.fields,
         counters: sluice_service::CounterSettings {
             capacity: settings.limiter.capacity,
             ..sluice_service::CounterSettings::default()
@@ -429,32 +411,5 @@ async fn poll_service(
                 tracing::error!(revision, "rules refused, the running rules stay: {e}");
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The config reads `counting` and `rls.headers` itself; each name it takes means to the
-    /// engine what the engine's own parser makes of it, and the defaults agree.
-    #[test]
-    fn the_configs_counting_and_fields_are_the_engines() {
-        for name in ["all_or_nothing", "independent", "each", ""] {
-            let read = name.parse::<config::Counting>().map(counting);
-            assert_eq!(read, name.parse::<sluice_service::Counting>(), "{name:?}");
-        }
-        for name in ["none", "draft", "legacy", "all", "some", ""] {
-            let read = name.parse::<config::FieldSet>().map(fields);
-            assert_eq!(read, name.parse::<sluice_service::FieldSet>(), "{name:?}");
-        }
-        assert_eq!(
-            counting(config::Counting::default()),
-            sluice_service::Counting::default()
-        );
-        assert_eq!(
-            fields(config::FieldSet::default()),
-            sluice_service::FieldSet::default()
-        );
     }
 }

@@ -35,6 +35,9 @@ use sluice::{AlgorithmKind, Quota};
 use sluice_http::{ClientIpHeader, CostRule, IpNet, KeyPart};
 
 pub use redis::{RedisSettings, with_redis_url};
+/// `counting:` and `rls.headers:`, as the engine takes them.
+pub use sluice_descriptors::Counting;
+pub use sluice_http::FieldSet;
 
 use raw::RawConfig;
 
@@ -301,79 +304,6 @@ pub struct ServiceSettings {
     pub counting: Counting,
     /// The rate-limit fields answers carry.
     pub fields: FieldSet,
-}
-
-/// `counting:` as written: how one request's descriptors are counted. The binary hands it to
-/// the service's engine (`sluice_service::Counting`, of the same names and meanings), so that
-/// reading a config never needs the service itself.
-///
-/// ```
-/// use sluice_config::Counting;
-/// assert_eq!("independent".parse(), Ok(Counting::Independent));
-/// assert_eq!(Counting::default(), Counting::AllOrNothing);
-/// assert!("each".parse::<Counting>().unwrap_err().contains("all_or_nothing or independent"));
-/// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Counting {
-    /// `all_or_nothing` (the default): a denied request consumes nothing from any of its
-    /// limits.
-    #[default]
-    AllOrNothing,
-    /// `independent`: each descriptor is counted on its own, as envoy's ratelimit service
-    /// does.
-    Independent,
-}
-
-impl std::str::FromStr for Counting {
-    type Err = String;
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        match text {
-            "all_or_nothing" => Ok(Self::AllOrNothing),
-            "independent" => Ok(Self::Independent),
-            other => Err(format!(
-                "unknown counting '{other}' (use all_or_nothing or independent)"
-            )),
-        }
-    }
-}
-
-/// `rls.headers:` as written: which rate-limit fields an answer carries for the client. The
-/// binary hands it to the service's engine (`sluice_service::FieldSet`, of the same names and
-/// meanings).
-///
-/// ```
-/// use sluice_config::FieldSet;
-/// assert_eq!("legacy".parse(), Ok(FieldSet::Legacy));
-/// assert_eq!(FieldSet::default(), FieldSet::None);
-/// assert!("some".parse::<FieldSet>().unwrap_err().contains("none, draft, legacy or all"));
-/// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum FieldSet {
-    /// `none` (the default).
-    #[default]
-    None,
-    /// `draft`: the IETF draft's `RateLimit-Policy` and `RateLimit`, and `Retry-After` on a
-    /// denial.
-    Draft,
-    /// `legacy`: `X-RateLimit-Limit`, `-Remaining`, `-Reset`, and `Retry-After` on a denial.
-    Legacy,
-    /// `all`: both.
-    All,
-}
-
-impl std::str::FromStr for FieldSet {
-    type Err = String;
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        match text {
-            "none" => Ok(Self::None),
-            "draft" => Ok(Self::Draft),
-            "legacy" => Ok(Self::Legacy),
-            "all" => Ok(Self::All),
-            other => Err(format!(
-                "unknown field set '{other}' (use none, draft, legacy or all)"
-            )),
-        }
-    }
 }
 
 /// Where the service's rules come from.

@@ -30,6 +30,7 @@
 #![forbid(unsafe_code)]
 
 mod compile;
+mod counting;
 mod error;
 mod key;
 mod load;
@@ -37,6 +38,7 @@ mod raw;
 mod rules;
 
 pub use compile::{UNITS, parse_domain, unit_seconds};
+pub use counting::Counting;
 pub use error::{LoadError, RulesError};
 pub use key::{RuleId, counter_key, last_value_of, push_counter_key, rule_of};
 pub use rules::{DomainRules, Entry, Limit, MAX_DEPTH, MAX_DESCRIPTORS, MAX_TEXT_BYTES, Rule, RuleSet};

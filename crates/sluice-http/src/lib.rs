@@ -57,6 +57,7 @@
 
 mod backend;
 mod cost;
+mod fields;
 mod headers;
 mod key;
 mod layer;
@@ -65,6 +66,7 @@ mod wait;
 
 pub use backend::{CheckFuture, LimitBackend};
 pub use cost::{CostRule, PathError, RouteCosts, normalize_path};
+pub use fields::FieldSet;
 pub use headers::FieldPolicy;
 pub use key::{KeyPart, KeyPartError, MAX_KEY_LEN};
 pub use layer::{

@@ -14,6 +14,8 @@
 //! sluice_invariants::route_cost(b"\x00//a/../%65xport");
 //! ```
 
+#![forbid(unsafe_code)]
+
 mod client_ip;
 mod config;
 mod input;

@@ -29,6 +29,7 @@
 //! # Ok::<(), sluice_rules::StoreError>(())
 //! ```
 
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod api;

@@ -3,64 +3,11 @@
 
 use sluice::AlgorithmKind;
 
+pub use sluice_descriptors::Counting;
+pub use sluice_http::FieldSet;
+
 use crate::counters::{CounterSettings, ValueQuotas};
 use crate::request::RequestBounds;
-
-/// How one request's descriptors are counted.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Counting {
-    /// A denied request consumes nothing from any of its limits.
-    #[default]
-    AllOrNothing,
-    /// Each descriptor is counted on its own, as envoy's ratelimit service does: a request
-    /// denied by its second descriptor has still consumed from its first.
-    Independent,
-}
-
-/// Which rate-limit fields an answer carries for the client. None by default, as in envoy's
-/// own service: Envoy's rate-limit filter writes the draft's fields itself from the statuses
-/// (`enable_x_ratelimit_headers`), so an answer's fields are for callers that want them
-/// written for them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum FieldSet {
-    /// None.
-    #[default]
-    None,
-    /// The IETF draft's `RateLimit-Policy` and `RateLimit`, and `Retry-After` on a denial.
-    Draft,
-    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset`, and `Retry-After` on a denial.
-    Legacy,
-    /// Both.
-    All,
-}
-
-impl std::str::FromStr for FieldSet {
-    type Err = String;
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        match text {
-            "none" => Ok(Self::None),
-            "draft" => Ok(Self::Draft),
-            "legacy" => Ok(Self::Legacy),
-            "all" => Ok(Self::All),
-            other => Err(format!(
-                "unknown field set '{other}' (use none, draft, legacy or all)"
-            )),
-        }
-    }
-}
-
-impl std::str::FromStr for Counting {
-    type Err = String;
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        match text {
-            "all_or_nothing" => Ok(Self::AllOrNothing),
-            "independent" => Ok(Self::Independent),
-            other => Err(format!(
-                "unknown counting '{other}' (use all_or_nothing or independent)"
-            )),
-        }
-    }
-}
 
 /// The engine's settings.
 #[derive(Debug, Clone)]
