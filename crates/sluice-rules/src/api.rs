@@ -15,12 +15,14 @@
 //! name. Without tokens everything is open: the caller binds to loopback only.
 
 use std::future::Future;
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -29,7 +31,7 @@ use sluice_rules_client::{DomainBody, SnapshotBody};
 use tokio::net::TcpListener;
 
 use crate::patch::PatchError;
-use crate::tokens::{Caller, Scope, Tokens};
+use crate::tokens::{Scope, Tokens};
 use crate::{DomainRecord, RuleStore, StoreError};
 
 /// The largest rules file a write takes.
@@ -153,37 +155,76 @@ fn store_problem(error: StoreError) -> Response {
 /// An answer refusing a request (boxed: a `Response` is large to carry in a `Result`).
 type Refused = Box<Response>;
 
-/// The caller, if its token allows `needed`.
-fn authorize<S>(shared: &Shared<S>, headers: &HeaderMap, needed: Scope) -> Result<Caller, Refused> {
-    if shared.tokens.is_empty() {
-        return Ok(Caller {
-            name: "local".into(),
-            scope: Scope::Write,
-        });
+/// The scope a handler needs, as a type, so [`Authorized`] can name it.
+trait Needs: Send + Sync + 'static {
+    const SCOPE: Scope;
+}
+
+/// Reading rules.
+enum ToRead {}
+
+impl Needs for ToRead {
+    const SCOPE: Scope = Scope::Read;
+}
+
+/// Writing rules.
+enum ToWrite {}
+
+impl Needs for ToWrite {
+    const SCOPE: Scope = Scope::Write;
+}
+
+/// The caller whose bearer token allows `N`'s scope; the request is refused (401, 403)
+/// before the handler runs otherwise.
+struct Authorized<N> {
+    /// The token's name, which the history records.
+    name: String,
+    needs: PhantomData<N>,
+}
+
+impl<S, N> FromRequestParts<Arc<Shared<S>>> for Authorized<N>
+where
+    S: Send + Sync,
+    N: Needs,
+{
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, shared: &Arc<Shared<S>>) -> Result<Self, Response> {
+        // Without tokens the API is open: its caller binds it to loopback only.
+        if shared.tokens.is_empty() {
+            return Ok(Self {
+                name: "local".into(),
+                needs: PhantomData,
+            });
+        }
+        let secret = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "));
+        let Some(caller) = secret.and_then(|secret| shared.tokens.caller(secret.trim())) else {
+            let mut answer = problem(
+                StatusCode::UNAUTHORIZED,
+                "Unauthorized",
+                "send Authorization: Bearer TOKEN",
+            );
+            answer
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return Err(answer);
+        };
+        if caller.scope < N::SCOPE {
+            return Err(problem(
+                StatusCode::FORBIDDEN,
+                "Forbidden",
+                format!("token '{}' may read, not write", caller.name),
+            ));
+        }
+        Ok(Self {
+            name: caller.name,
+            needs: PhantomData,
+        })
     }
-    let secret = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "));
-    let Some(caller) = secret.and_then(|secret| shared.tokens.caller(secret.trim())) else {
-        let mut answer = problem(
-            StatusCode::UNAUTHORIZED,
-            "Unauthorized",
-            "send Authorization: Bearer TOKEN",
-        );
-        answer
-            .headers_mut()
-            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        return Err(Box::new(answer));
-    };
-    if caller.scope < needed {
-        return Err(Box::new(problem(
-            StatusCode::FORBIDDEN,
-            "Forbidden",
-            format!("token '{}' may read, not write", caller.name),
-        )));
-    }
-    Ok(caller)
 }
 
 /// Runs a store call off the async threads (SQLite blocks).
@@ -264,11 +305,9 @@ fn with_etag(status: StatusCode, revision: u64, body: impl Serialize) -> Respons
 
 async fn snapshot<S: RuleStore + Send + Sync + 'static>(
     State(shared): State<Arc<Shared<S>>>,
+    _: Authorized<ToRead>,
     headers: HeaderMap,
 ) -> Response {
-    if let Err(refused) = authorize(&shared, &headers, Scope::Read) {
-        return *refused;
-    }
     let seen = match precondition(&headers, header::IF_NONE_MATCH) {
         Ok(seen) => seen.flatten(),
         Err(bad) => return *bad,
@@ -320,12 +359,9 @@ struct ListBody {
 
 async fn list<S: RuleStore + Send + Sync + 'static>(
     State(shared): State<Arc<Shared<S>>>,
-    headers: HeaderMap,
+    _: Authorized<ToRead>,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
-    if let Err(refused) = authorize(&shared, &headers, Scope::Read) {
-        return *refused;
-    }
     let Query(query) = match query {
         Ok(query) => query,
         Err(e) => return problem(StatusCode::BAD_REQUEST, "Bad query", e.body_text()),
@@ -355,11 +391,8 @@ async fn list<S: RuleStore + Send + Sync + 'static>(
 async fn read<S: RuleStore + Send + Sync + 'static>(
     State(shared): State<Arc<Shared<S>>>,
     Path(domain): Path<String>,
-    headers: HeaderMap,
+    _: Authorized<ToRead>,
 ) -> Response {
-    if let Err(refused) = authorize(&shared, &headers, Scope::Read) {
-        return *refused;
-    }
     match blocking(&shared, move |store| store.get(&domain)).await {
         Ok(record) => with_etag(StatusCode::OK, record.revision, DomainBody::from(record)),
         Err(failed) => *failed,
@@ -369,13 +402,10 @@ async fn read<S: RuleStore + Send + Sync + 'static>(
 async fn write<S: RuleStore + Send + Sync + 'static>(
     State(shared): State<Arc<Shared<S>>>,
     Path(domain): Path<String>,
+    caller: Authorized<ToWrite>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let caller = match authorize(&shared, &headers, Scope::Write) {
-        Ok(caller) => caller,
-        Err(refused) => return *refused,
-    };
     let body = match readable(body) {
         Ok(body) => body,
         Err(refused) => return *refused,
@@ -455,13 +485,10 @@ fn readable(body: Result<Bytes, BytesRejection>) -> Result<Bytes, Refused> {
 async fn patch<S: RuleStore + Send + Sync + 'static>(
     State(shared): State<Arc<Shared<S>>>,
     Path(domain): Path<String>,
+    caller: Authorized<ToWrite>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let caller = match authorize(&shared, &headers, Scope::Write) {
-        Ok(caller) => caller,
-        Err(refused) => return *refused,
-    };
     let kind = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
     if !kind.is_some_and(|kind| kind.trim().starts_with("application/json-patch+json")) {
         return problem(
@@ -522,12 +549,9 @@ enum Written {
 async fn remove<S: RuleStore + Send + Sync + 'static>(
     State(shared): State<Arc<Shared<S>>>,
     Path(domain): Path<String>,
+    caller: Authorized<ToWrite>,
     headers: HeaderMap,
 ) -> Response {
-    let caller = match authorize(&shared, &headers, Scope::Write) {
-        Ok(caller) => caller,
-        Err(refused) => return *refused,
-    };
     let if_match = match required_if_match(&headers) {
         Ok(if_match) => if_match,
         Err(refused) => return *refused,
@@ -558,11 +582,8 @@ struct ChangeBody {
 async fn history<S: RuleStore + Send + Sync + 'static>(
     State(shared): State<Arc<Shared<S>>>,
     Path(domain): Path<String>,
-    headers: HeaderMap,
+    _: Authorized<ToRead>,
 ) -> Response {
-    if let Err(refused) = authorize(&shared, &headers, Scope::Read) {
-        return *refused;
-    }
     match blocking(&shared, move |store| store.history(&domain)).await {
         Ok(changes) => axum::Json(
             changes

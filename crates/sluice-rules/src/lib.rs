@@ -37,6 +37,7 @@ mod patch;
 mod postgres;
 mod sqlite;
 mod tokens;
+mod write;
 
 pub use api::{MAX_RULES_BYTES, RulesApi};
 pub use patch::{MAX_PATCH_OPERATIONS, PatchError};

@@ -7,7 +7,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use postgres::{Client, Config, IsolationLevel, NoTls, Transaction};
 
-use crate::{Change, DomainRecord, Listing, MAX_PAGE, RuleStore, StoreError, checked_domain, checked_for};
+use crate::write::{self, Writer, Writes};
+use crate::{Change, DomainRecord, Listing, MAX_PAGE, RuleStore, StoreError};
 
 /// The schema, one step per version: a database at version `n` runs the steps after `n`.
 /// Every table is prefixed, so the store can share a database with other things.
@@ -93,12 +94,13 @@ impl PostgresStore {
         };
         call(client)
     }
+}
 
-    /// Runs `write` in one transaction holding the revision row (other writers wait), with
-    /// the next revision.
+/// PostgreSQL's locking: each write locks the revision row first, so writers queue on it.
+impl Writer for PostgresStore {
     fn write<T>(
         &self,
-        write: impl FnOnce(&mut Transaction<'_>, u64) -> Result<T, StoreError>,
+        write: impl FnOnce(&mut dyn Writes, u64) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         self.with(|client| {
             let mut transaction = client.transaction()?;
@@ -162,45 +164,54 @@ fn record_of(row: &postgres::Row) -> Result<DomainRecord, StoreError> {
     })
 }
 
-/// The domain as it is, locked until the transaction ends, if `if_match` names its revision
-/// (or names none).
-fn matching(
-    transaction: &mut Transaction<'_>,
-    domain: &str,
-    if_match: Option<u64>,
-) -> Result<DomainRecord, StoreError> {
-    let held = transaction
-        .query_opt(
+impl Writes for Transaction<'_> {
+    /// Locked (`FOR UPDATE`) until the transaction ends.
+    fn find(&mut self, domain: &str) -> Result<Option<DomainRecord>, StoreError> {
+        self.query_opt(
             "SELECT name, rules, revision FROM sluice_domains WHERE name = $1 FOR UPDATE",
             &[&domain],
         )?
         .map(|row| record_of(&row))
-        .ok_or_else(|| StoreError::NotFound(domain.to_owned()))??;
-    match if_match {
-        Some(expected) if expected != held.revision => Err(StoreError::Stale {
-            domain: domain.to_owned(),
-            expected,
-            current: held.revision,
-        }),
-        _ => Ok(held),
+        .transpose()
     }
-}
 
-/// Keeps one change in the history.
-fn record(
-    transaction: &mut Transaction<'_>,
-    revision: u64,
-    domain: &str,
-    who: &str,
-    before: Option<&str>,
-    after: Option<&str>,
-) -> Result<(), StoreError> {
-    transaction.execute(
-        "INSERT INTO sluice_history (revision, domain, who, at_unix_ms, before, after)
-         VALUES ($1, $2, $3, $4, $5, $6)",
-        &[&to_sql(revision), &domain, &who, &now_unix_ms(), &before, &after],
-    )?;
-    Ok(())
+    fn insert(&mut self, record: &DomainRecord) -> Result<bool, StoreError> {
+        let inserted = self.execute(
+            "INSERT INTO sluice_domains (name, rules, revision) VALUES ($1, $2, $3)
+             ON CONFLICT (name) DO NOTHING",
+            &[&record.domain, &record.text, &to_sql(record.revision)],
+        )?;
+        Ok(inserted != 0)
+    }
+
+    fn update(&mut self, record: &DomainRecord) -> Result<(), StoreError> {
+        self.execute(
+            "UPDATE sluice_domains SET rules = $2, revision = $3 WHERE name = $1",
+            &[&record.domain, &record.text, &to_sql(record.revision)],
+        )?;
+        Ok(())
+    }
+
+    fn remove(&mut self, domain: &str) -> Result<(), StoreError> {
+        self.execute("DELETE FROM sluice_domains WHERE name = $1", &[&domain])?;
+        Ok(())
+    }
+
+    fn record(
+        &mut self,
+        revision: u64,
+        domain: &str,
+        who: &str,
+        before: Option<&str>,
+        after: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.execute(
+            "INSERT INTO sluice_history (revision, domain, who, at_unix_ms, before, after)
+             VALUES ($1, $2, $3, $4, $5, $6)",
+            &[&to_sql(revision), &domain, &who, &now_unix_ms(), &before, &after],
+        )?;
+        Ok(())
+    }
 }
 
 impl RuleStore for PostgresStore {
@@ -248,23 +259,7 @@ impl RuleStore for PostgresStore {
     }
 
     fn create(&self, text: &str, who: &str) -> Result<DomainRecord, StoreError> {
-        let domain = checked_domain(text)?;
-        self.write(|transaction, revision| {
-            let inserted = transaction.execute(
-                "INSERT INTO sluice_domains (name, rules, revision) VALUES ($1, $2, $3)
-                 ON CONFLICT (name) DO NOTHING",
-                &[&domain, &text, &to_sql(revision)],
-            )?;
-            if inserted == 0 {
-                return Err(StoreError::Exists(domain.clone()));
-            }
-            record(transaction, revision, &domain, who, None, Some(text))?;
-            Ok(DomainRecord {
-                domain: domain.clone(),
-                text: text.to_owned(),
-                revision,
-            })
-        })
+        write::create(self, text, who)
     }
 
     fn replace(
@@ -274,29 +269,11 @@ impl RuleStore for PostgresStore {
         if_match: Option<u64>,
         who: &str,
     ) -> Result<DomainRecord, StoreError> {
-        checked_for(domain, text)?;
-        self.write(|transaction, revision| {
-            let held = matching(transaction, domain, if_match)?;
-            transaction.execute(
-                "UPDATE sluice_domains SET rules = $2, revision = $3 WHERE name = $1",
-                &[&domain, &text, &to_sql(revision)],
-            )?;
-            record(transaction, revision, domain, who, Some(&held.text), Some(text))?;
-            Ok(DomainRecord {
-                domain: domain.to_owned(),
-                text: text.to_owned(),
-                revision,
-            })
-        })
+        write::replace(self, domain, text, if_match, who)
     }
 
     fn delete(&self, domain: &str, if_match: Option<u64>, who: &str) -> Result<u64, StoreError> {
-        self.write(|transaction, revision| {
-            let held = matching(transaction, domain, if_match)?;
-            transaction.execute("DELETE FROM sluice_domains WHERE name = $1", &[&domain])?;
-            record(transaction, revision, domain, who, Some(&held.text), None)?;
-            Ok(revision)
-        })
+        write::delete(self, domain, if_match, who)
     }
 
     fn snapshot(&self) -> Result<(u64, Vec<DomainRecord>), StoreError> {

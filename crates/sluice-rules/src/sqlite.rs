@@ -7,7 +7,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 
-use crate::{Change, DomainRecord, Listing, MAX_PAGE, RuleStore, StoreError, checked_domain, checked_for};
+use crate::write::{self, Writer, Writes};
+use crate::{Change, DomainRecord, Listing, MAX_PAGE, RuleStore, StoreError};
 
 /// The schema, one step per version: a database at version `n` runs the steps after `n`.
 const MIGRATIONS: &[&str] = &["
@@ -93,16 +94,18 @@ impl SqliteStore {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
 
-    /// Runs `write` in one immediate transaction (other writers wait), with the next revision.
+/// SQLite's locking: an immediate transaction (other writers wait for it to end).
+impl Writer for SqliteStore {
     fn write<T>(
         &self,
-        write: impl FnOnce(&Transaction<'_>, u64) -> Result<T, StoreError>,
+        write: impl FnOnce(&mut dyn Writes, u64) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         let mut connection = self.connection();
-        let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let mut transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let next = current_revision(&transaction)? + 1;
-        let answer = write(&transaction, next)?;
+        let answer = write(&mut transaction, next)?;
         transaction.execute(
             "UPDATE revision SET value = ?1 WHERE id = 0",
             params![to_sql(next)],
@@ -162,36 +165,48 @@ fn find(connection: &Connection, domain: &str) -> Result<Option<DomainRecord>, S
         .optional()?)
 }
 
-/// Keeps one change in the history.
-fn record(
-    transaction: &Transaction<'_>,
-    revision: u64,
-    domain: &str,
-    who: &str,
-    before: Option<&str>,
-    after: Option<&str>,
-) -> Result<(), StoreError> {
-    transaction.execute(
-        "INSERT INTO history (revision, domain, who, at_unix_ms, before, after) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        params![to_sql(revision), domain, who, now_unix_ms(), before, after],
-    )?;
-    Ok(())
-}
+impl Writes for Transaction<'_> {
+    fn find(&mut self, domain: &str) -> Result<Option<DomainRecord>, StoreError> {
+        find(self, domain)
+    }
 
-/// The domain as it is, if `if_match` names its revision (or names none).
-fn matching(
-    transaction: &Transaction<'_>,
-    domain: &str,
-    if_match: Option<u64>,
-) -> Result<DomainRecord, StoreError> {
-    let held = find(transaction, domain)?.ok_or_else(|| StoreError::NotFound(domain.to_owned()))?;
-    match if_match {
-        Some(expected) if expected != held.revision => Err(StoreError::Stale {
-            domain: domain.to_owned(),
-            expected,
-            current: held.revision,
-        }),
-        _ => Ok(held),
+    fn insert(&mut self, record: &DomainRecord) -> Result<bool, StoreError> {
+        if find(self, &record.domain)?.is_some() {
+            return Ok(false);
+        }
+        self.execute(
+            "INSERT INTO domains (name, rules, revision) VALUES (?1, ?2, ?3)",
+            params![record.domain, record.text, to_sql(record.revision)],
+        )?;
+        Ok(true)
+    }
+
+    fn update(&mut self, record: &DomainRecord) -> Result<(), StoreError> {
+        self.execute(
+            "UPDATE domains SET rules = ?2, revision = ?3 WHERE name = ?1",
+            params![record.domain, record.text, to_sql(record.revision)],
+        )?;
+        Ok(())
+    }
+
+    fn remove(&mut self, domain: &str) -> Result<(), StoreError> {
+        self.execute("DELETE FROM domains WHERE name = ?1", params![domain])?;
+        Ok(())
+    }
+
+    fn record(
+        &mut self,
+        revision: u64,
+        domain: &str,
+        who: &str,
+        before: Option<&str>,
+        after: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.execute(
+            "INSERT INTO history (revision, domain, who, at_unix_ms, before, after) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![to_sql(revision), domain, who, now_unix_ms(), before, after],
+        )?;
+        Ok(())
     }
 }
 
@@ -236,22 +251,7 @@ impl RuleStore for SqliteStore {
     }
 
     fn create(&self, text: &str, who: &str) -> Result<DomainRecord, StoreError> {
-        let domain = checked_domain(text)?;
-        self.write(|transaction, revision| {
-            if find(transaction, &domain)?.is_some() {
-                return Err(StoreError::Exists(domain.clone()));
-            }
-            transaction.execute(
-                "INSERT INTO domains (name, rules, revision) VALUES (?1, ?2, ?3)",
-                params![domain, text, to_sql(revision)],
-            )?;
-            record(transaction, revision, &domain, who, None, Some(text))?;
-            Ok(DomainRecord {
-                domain: domain.clone(),
-                text: text.to_owned(),
-                revision,
-            })
-        })
+        write::create(self, text, who)
     }
 
     fn replace(
@@ -261,29 +261,11 @@ impl RuleStore for SqliteStore {
         if_match: Option<u64>,
         who: &str,
     ) -> Result<DomainRecord, StoreError> {
-        checked_for(domain, text)?;
-        self.write(|transaction, revision| {
-            let held = matching(transaction, domain, if_match)?;
-            transaction.execute(
-                "UPDATE domains SET rules = ?2, revision = ?3 WHERE name = ?1",
-                params![domain, text, to_sql(revision)],
-            )?;
-            record(transaction, revision, domain, who, Some(&held.text), Some(text))?;
-            Ok(DomainRecord {
-                domain: domain.to_owned(),
-                text: text.to_owned(),
-                revision,
-            })
-        })
+        write::replace(self, domain, text, if_match, who)
     }
 
     fn delete(&self, domain: &str, if_match: Option<u64>, who: &str) -> Result<u64, StoreError> {
-        self.write(|transaction, revision| {
-            let held = matching(transaction, domain, if_match)?;
-            transaction.execute("DELETE FROM domains WHERE name = ?1", params![domain])?;
-            record(transaction, revision, domain, who, Some(&held.text), None)?;
-            Ok(revision)
-        })
+        write::delete(self, domain, if_match, who)
     }
 
     fn snapshot(&self) -> Result<(u64, Vec<DomainRecord>), StoreError> {
