@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use sluice_descriptors::{Limit, Rule};
 
-use crate::answer::Outcome;
+use crate::answer::{Outcome, Status};
 use crate::counters::push_counter;
 use crate::engine::Engine;
 use crate::generation::Generation;
@@ -63,6 +63,35 @@ impl Engine {
         {
             let generation = self.current.load();
             if generation.store.answers_now() {
+                // One descriptor (every HTTP layer request): the same plan, take and record,
+                // with no list to hold and nothing to give back.
+                if let [descriptor] = request.descriptors
+                    && !generation.replacing
+                {
+                    let mut keys = KEYS.with(Cell::take);
+                    keys.clear();
+                    let count = (generation.rules.domain(request.domain))
+                        .and_then(|domain| domain.find(descriptor.entries))
+                        .and_then(|rule| self.count_of(&generation, (0, descriptor, rule), peek, &mut keys));
+                    let status = count
+                        .as_ref()
+                        .and_then(|count| generation.store.take_now(count, &keys));
+                    if count.is_none() || status.is_some() {
+                        let denied = status.as_ref().is_some_and(Status::denies);
+                        let (counts, statuses) = (count.as_slice(), status.as_slice());
+                        let answer = self.finish(
+                            &generation,
+                            request,
+                            (counts, statuses),
+                            denied,
+                            peek,
+                            (front, started),
+                            read,
+                        );
+                        KEYS.with(|buffer| buffer.set(keys));
+                        return Decided::Ready(Ok(answer));
+                    }
+                }
                 let mut tally = Tally::new(KEYS.with(Cell::take));
                 self.plan(&generation, request, peek, &mut tally);
                 let now = match generation.store.count(&mut tally, self.settings.counting) {
@@ -70,8 +99,9 @@ impl Engine {
                     Counted::Later(_) => None,
                 };
                 if let Some(denied) = now {
+                    let limits = (tally.counts.as_slice(), tally.statuses.as_slice());
                     let answer =
-                        self.finish(&generation, request, &tally, denied, peek, (front, started), read);
+                        self.finish(&generation, request, limits, denied, peek, (front, started), read);
                     KEYS.with(|keys| keys.set(tally.keys));
                     return Decided::Ready(Ok(answer));
                 }
@@ -86,7 +116,8 @@ impl Engine {
                 Counted::Now(denied) => denied,
                 Counted::Later(later) => later.await,
             };
-            Ok(self.finish(&generation, request, &tally, denied, peek, (front, started), read))
+            let limits = (tally.counts.as_slice(), tally.statuses.as_slice());
+            Ok(self.finish(&generation, request, limits, denied, peek, (front, started), read))
         }))
     }
 
@@ -128,28 +159,43 @@ impl Engine {
     fn plan_one<'g>(
         &self,
         generation: &Generation,
-        (index, descriptor, rule): (usize, &Descriptor<'_>, &'g Rule),
+        at: (usize, &Descriptor<'_>, &'g Rule),
         peek: bool,
         tally: &mut Tally<'g>,
     ) {
+        if let Some(count) = self.count_of(generation, at, peek, &mut tally.keys) {
+            tally.counts.push(count);
+        }
+    }
+
+    /// The limit of the descriptor at `index` under `rule`, if it has one, its counter's key
+    /// appended to `keys`.
+    #[inline]
+    fn count_of<'g>(
+        &self,
+        generation: &Generation,
+        (index, descriptor, rule): (usize, &Descriptor<'_>, &'g Rule),
+        peek: bool,
+        keys: &mut String,
+    ) -> Option<Count<'g>> {
         let quota = match (descriptor.limit, rule.limit) {
             (Some(quota), _) | (None, Limit::Quota(quota)) => quota,
-            (None, Limit::Unlimited) => return,
+            (None, Limit::Unlimited) => return None,
         };
         let kind = rule.algorithm.unwrap_or(self.settings.algorithm);
         if !generation.counts(kind) {
-            return;
+            return None;
         }
-        let start = tally.keys.len();
-        push_counter(&mut tally.keys, rule, descriptor.entries, descriptor.limit);
-        tally.counts.push(Count {
+        let start = keys.len();
+        push_counter(keys, rule, descriptor.entries, descriptor.limit);
+        Some(Count {
             index,
             rule,
             kind,
-            key: start..tally.keys.len(),
+            key: start..keys.len(),
             cost: if peek { 0 } else { descriptor.hits },
             quota,
-        });
+        })
     }
 
     /// Records a decided request (unless it was a look) and lets the front end read it.
@@ -159,14 +205,14 @@ impl Engine {
         &self,
         generation: &Generation,
         request: Request<'_>,
-        tally: &Tally<'_>,
+        (counts, statuses): (&[Count<'_>], &[Status<'_>]),
         denied: bool,
         peek: bool,
         (front, started): (Option<FrontEnd>, Option<Instant>),
         read: impl FnOnce(&Outcome<'_, '_>) -> T,
     ) -> T {
         if !peek {
-            self.record(generation, request, tally);
+            self.record(generation, request, counts, statuses);
         }
         if let (Some(front), Some(started)) = (front, started) {
             self.record_latency(front, started.elapsed());
@@ -174,16 +220,22 @@ impl Engine {
         read(&Outcome {
             denied,
             descriptors: request.descriptors.len(),
-            counts: &tally.counts,
-            statuses: &tally.statuses,
+            counts,
+            statuses,
             generation,
         })
     }
 
     /// Counts each limited status of a decided request under its rule, and logs a denial
     /// (paced).
-    fn record(&self, generation: &Generation, request: Request<'_>, tally: &Tally<'_>) {
-        for (count, status) in tally.counts.iter().zip(&tally.statuses) {
+    fn record(
+        &self,
+        generation: &Generation,
+        request: Request<'_>,
+        counts: &[Count<'_>],
+        statuses: &[Status<'_>],
+    ) {
+        for (count, status) in counts.iter().zip(statuses) {
             let (Some(rule), Some(descriptor)) = (status.rule, request.descriptors.get(count.index)) else {
                 continue;
             };

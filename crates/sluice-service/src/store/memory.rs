@@ -7,7 +7,7 @@ use std::sync::Arc;
 use sluice::{AlgorithmKind, KeyedMetrics, Quota, Receipt};
 use smallvec::SmallVec;
 
-use super::{Counted, CounterStore, Tally};
+use super::{Count, Counted, CounterStore, Tally};
 use crate::answer::Status;
 use crate::counters::AlgorithmCounters;
 use crate::settings::Counting;
@@ -34,6 +34,32 @@ impl InMemory {
     }
 }
 
+impl InMemory {
+    /// Takes `cost` of `count` (its key in `keys`): its status, and what giving it back needs.
+    #[inline]
+    fn take<'g>(
+        &self,
+        count: &Count<'g>,
+        keys: &str,
+        cost: u64,
+    ) -> (Status<'g>, Option<(&dyn AlgorithmCounters, Receipt)>) {
+        // The plan counts only algorithms the store has.
+        let Some(counters) = self.get(count.kind) else {
+            return (Status::UNLIMITED, None);
+        };
+        let key = keys.get(count.key.clone()).unwrap_or_default();
+        let (answer, quota) = counters.take_quoted(key, cost);
+        let mut taken = None;
+        let answer = answer.map(|(decision, receipt)| {
+            if decision.is_allowed() && cost > 0 {
+                taken = Some((counters, receipt));
+            }
+            decision
+        });
+        (Status::of(count.rule, quota, answer), taken)
+    }
+}
+
 impl CounterStore for InMemory {
     fn has(&self, kind: AlgorithmKind) -> bool {
         self.by_kind.iter().any(|(k, _)| *k == kind)
@@ -54,22 +80,12 @@ impl CounterStore for InMemory {
         let mut denied = false;
         tally.statuses.clear();
         for (at, count) in tally.counts.iter().enumerate() {
-            let Some(counters) = self.get(count.kind) else {
-                // The plan counts only algorithms the store has.
-                tally.statuses.push(Status::UNLIMITED);
-                continue;
-            };
             // After a denial that counts, the rest are only looked at.
             let cost = if denied && all_or_nothing { 0 } else { count.cost };
-            let key = tally.keys.get(count.key.clone()).unwrap_or_default();
-            let (answer, quota) = counters.take_quoted(key, cost);
-            let answer = answer.map(|(decision, receipt)| {
-                if all_or_nothing && decision.is_allowed() && cost > 0 {
-                    taken.push((at, counters, receipt));
-                }
-                decision
-            });
-            let status = Status::of(count.rule, quota, answer);
+            let (status, receipt) = self.take(count, &tally.keys, cost);
+            if let Some((counters, receipt)) = receipt.filter(|_| all_or_nothing) {
+                taken.push((at, counters, receipt));
+            }
             denied |= status.denies();
             tally.statuses.push(status);
         }
@@ -82,6 +98,11 @@ impl CounterStore for InMemory {
             }
         }
         Counted::Now(denied)
+    }
+
+    #[inline]
+    fn take_now<'g>(&self, count: &Count<'g>, keys: &str) -> Option<Status<'g>> {
+        Some(self.take(count, keys, count.cost).0)
     }
 
     fn in_memory(&self) -> Option<&InMemory> {

@@ -83,6 +83,11 @@ pub(crate) trait CounterStore: Send + Sync {
     /// Counts every limit of `tally` under `counting`, writing each one's status in the
     /// limits' order; whether a limit that may deny (not in shadow mode) denied the request.
     fn count<'a, 'g: 'a>(&'a self, tally: &'a mut Tally<'g>, counting: Counting) -> Counted<'a>;
+    /// Takes one limit at once, if this store can (in this process): what a request of one
+    /// descriptor needs, with no list to hold and nothing to give back.
+    fn take_now<'g>(&self, _count: &Count<'g>, _keys: &str) -> Option<Status<'g>> {
+        None
+    }
     /// The counters as held in this process, for the reload and the metrics.
     fn in_memory(&self) -> Option<&InMemory> {
         None
