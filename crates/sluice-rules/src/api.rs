@@ -140,7 +140,7 @@ fn store_problem(error: StoreError) -> Response {
         }
         StoreError::PageSize(_) => (StatusCode::BAD_REQUEST, "Bad page size"),
         // The server gave no answer: another try may find it back.
-        StoreError::Postgres(e) if e.as_db_error().is_none() => {
+        StoreError::Postgres(e) if e.is_unreachable() => {
             tracing::error!("rules store: {error}");
             (StatusCode::SERVICE_UNAVAILABLE, "Store unavailable")
         }

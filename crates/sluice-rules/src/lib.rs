@@ -130,10 +130,62 @@ pub enum StoreError {
     },
     /// The database failed.
     #[error("database: {0}")]
-    Database(#[from] rusqlite::Error),
+    Database(DatabaseError),
     /// PostgreSQL failed or could not be reached.
-    #[error("postgres: {}", postgres_message(.0))]
-    Postgres(#[from] ::postgres::Error),
+    #[error("postgres: {0}")]
+    Postgres(DatabaseError),
+}
+
+/// A database's failure: what its driver said, the driver's error kept as the source (so the
+/// driver's types are not part of this crate's API).
+///
+/// # Example
+/// ```
+/// use sluice_rules::{RuleStore, SqliteStore, StoreError};
+/// let dir = std::env::temp_dir().join(format!("sluice-doc-{}", std::process::id()));
+/// std::fs::create_dir_all(&dir)?;
+/// // A directory is not a database file.
+/// if let Err(StoreError::Database(e)) = SqliteStore::open(&dir) {
+///     assert!(!e.is_unreachable());
+/// }
+/// # std::fs::remove_dir_all(&dir)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct DatabaseError {
+    message: String,
+    /// The server gave no answer (as opposed to refusing the statement).
+    unreachable: bool,
+    #[source]
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl DatabaseError {
+    /// Whether the database could not be reached at all: another try may find it back.
+    pub fn is_unreachable(&self) -> bool {
+        self.unreachable
+    }
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(error: rusqlite::Error) -> Self {
+        Self::Database(DatabaseError {
+            message: error.to_string(),
+            unreachable: false,
+            source: Box::new(error),
+        })
+    }
+}
+
+impl From<::postgres::Error> for StoreError {
+    fn from(error: ::postgres::Error) -> Self {
+        Self::Postgres(DatabaseError {
+            message: postgres_message(&error),
+            unreachable: error.as_db_error().is_none(),
+            source: Box::new(error),
+        })
+    }
 }
 
 /// Where rules are kept: every write checks the rules, makes one new revision and one history
