@@ -6,9 +6,11 @@ mod app;
 mod connection;
 mod limits;
 mod metrics;
+mod reload;
 mod rules;
 mod server;
 mod service;
+mod watch;
 
 use std::io::IsTerminal as _;
 use std::net::SocketAddr;

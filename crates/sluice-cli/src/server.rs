@@ -5,10 +5,9 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::io::Write as _;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -22,19 +21,14 @@ use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{Semaphore, watch};
 use tower_service::Service as _;
 
-use crate::app::{App, Hello, Reloaded};
-use crate::config::{self, Settings};
+use crate::app::{App, Hello};
+use crate::config::Settings;
 use crate::connection::{Activity, Connections};
 use crate::limits::ConnectionLimit;
 use crate::metrics::{HostState, Observed};
 
 /// How long in-flight requests may take to finish after a shutdown signal.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
-/// How often the config file is looked at.
-const RELOAD_POLL: Duration = Duration::from_secs(1);
-/// How long a changed config file must stay the same before it is read as written: a file
-/// caught mid-write reads differently a moment later.
-const SETTLE: Duration = Duration::from_millis(150);
 /// hyper's own bound on a request's headers: not set unless the config asks for another,
 /// since setting it moves hyper's header table from the stack to the heap.
 const HYPER_MAX_HEADERS: usize = 100;
@@ -82,7 +76,7 @@ pub struct ServeOptions {
 }
 
 /// Where the Redis URL comes from, for errors.
-fn url_field(redis_url: Option<&str>) -> &'static str {
+pub(crate) fn url_field(redis_url: Option<&str>) -> &'static str {
     if redis_url.is_some() {
         "--redis"
     } else {
@@ -119,12 +113,12 @@ pub async fn serve(
 
     let state = Arc::new(HostState::default());
     if let Some((file, bytes)) = options.config_file {
-        let watch = watch_config(
+        let watch = crate::reload::watch_config(
             file,
             bytes,
             Arc::clone(&app),
             Arc::clone(&state),
-            StartOnly::of(&options.settings),
+            crate::reload::StartOnly::of(&options.settings),
             options.listen.is_some(),
             options.redis_url,
         );
@@ -467,194 +461,5 @@ impl Future for Answering {
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
         self.project().future.poll(cx)
-    }
-}
-
-/// The settings read once, at start: a reload that changes them says so.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct StartOnly {
-    listen: SocketAddr,
-    idle_timeout: Duration,
-    max_connections: Option<usize>,
-    max_header_bytes: usize,
-    max_headers: usize,
-    max_waiters: usize,
-    admin: Option<SocketAddr>,
-}
-
-impl StartOnly {
-    fn of(settings: &Settings) -> Self {
-        Self {
-            listen: settings.listen,
-            idle_timeout: settings.idle_timeout,
-            max_connections: settings.max_connections,
-            max_header_bytes: settings.max_header_bytes,
-            max_headers: settings.max_headers,
-            max_waiters: settings.excess.max_waiters,
-            admin: settings.admin,
-        }
-    }
-
-    /// The names of the settings that differ in `other` (`listen` apart: it has its own line).
-    fn changed(&self, other: &Self) -> Vec<&'static str> {
-        let mut changed = Vec::new();
-        if self.idle_timeout != other.idle_timeout {
-            changed.push("idle_timeout");
-        }
-        if self.max_connections != other.max_connections {
-            changed.push("max_connections");
-        }
-        if self.max_header_bytes != other.max_header_bytes {
-            changed.push("max_header_bytes");
-        }
-        if self.max_headers != other.max_headers {
-            changed.push("max_headers");
-        }
-        if self.max_waiters != other.max_waiters {
-            changed.push("max_waiters");
-        }
-        if self.admin != other.admin {
-            changed.push("admin");
-        }
-        changed
-    }
-}
-
-/// `first`, as read from `file`, if a second read `settle` later reads the same: a file being
-/// written (not renamed into place whole) reads differently. `None` if it changed or could not
-/// be read again.
-async fn settled(file: &Path, first: Vec<u8>, settle: Duration) -> Option<Vec<u8>> {
-    tokio::time::sleep(settle).await;
-    match std::fs::read(file) {
-        Ok(again) if again == first => Some(first),
-        _ => None,
-    }
-}
-
-/// Polls the config file; applies a good edit once it has settled, keeps the running config
-/// on a bad one (logged once per content).
-async fn watch_config(
-    file: PathBuf,
-    running: Vec<u8>,
-    app: Arc<ArcSwap<App>>,
-    state: Arc<HostState>,
-    mut start_only: StartOnly,
-    fixed_listen: bool,
-    redis_url: Option<String>,
-) {
-    // Compared with what was actually parsed at start, so an edit made meanwhile is seen.
-    let mut last = Some(running.clone());
-    // What the running config was read from: coming back to it needs no reload.
-    let mut applied = running;
-    let mut interval = tokio::time::interval(RELOAD_POLL);
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        interval.tick().await;
-        let bytes = match std::fs::read(&file) {
-            Ok(bytes) => bytes,
-            Err(e) => {
-                if last.take().is_some() {
-                    tracing::warn!(
-                        "{}: cannot read ({e}); keeping the running config",
-                        file.display()
-                    );
-                }
-                continue;
-            }
-        };
-        if last.as_deref() == Some(bytes.as_slice()) {
-            continue;
-        }
-        // Not settled: the next poll looks again.
-        let Some(bytes) = settled(&file, bytes, SETTLE).await else {
-            continue;
-        };
-        last = Some(bytes.clone());
-        if bytes == applied {
-            tracing::info!("{}: back to the running config", file.display());
-            continue;
-        }
-        let parsed = config::parse_bytes(&bytes).and_then(|settings| match &redis_url {
-            Some(url) => config::with_redis_url(settings, url),
-            None => Ok(settings),
-        });
-        let settings = match parsed {
-            Ok(settings) => settings,
-            Err(e) => {
-                state.config_reloads_failed.fetch_add(1, Ordering::Relaxed);
-                tracing::error!("{}: {e}; keeping the running config", file.display());
-                continue;
-            }
-        };
-        let reloaded = app
-            .load()
-            .reload(&settings, url_field(redis_url.as_deref()))
-            .await;
-        match reloaded {
-            Ok((next, reloaded)) => {
-                app.store(Arc::new(next));
-                applied = bytes;
-                state.config_reloads.fetch_add(1, Ordering::Relaxed);
-                match reloaded {
-                    Reloaded::Kept => tracing::info!("{}: config reloaded", file.display()),
-                    Reloaded::Afresh { .. } => {
-                        tracing::warn!("{}: config reloaded; {reloaded}", file.display());
-                    }
-                    _ => tracing::info!("{}: config reloaded; {reloaded}", file.display()),
-                }
-            }
-            Err(e) => {
-                state.config_reloads_failed.fetch_add(1, Ordering::Relaxed);
-                tracing::error!("{}: {e}; keeping the running config", file.display());
-                continue;
-            }
-        }
-        let now = StartOnly::of(&settings);
-        if now.listen != start_only.listen && !fixed_listen {
-            tracing::warn!(
-                "{}: listen changed to {}; the server keeps its address until restarted",
-                file.display(),
-                settings.listen
-            );
-        }
-        let changed = start_only.changed(&now);
-        if !changed.is_empty() {
-            tracing::warn!(
-                "{}: {} changed; read at start only, so in force from the next start",
-                file.display(),
-                changed.join(", ")
-            );
-        }
-        start_only = now;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A file still being written when first read is not taken; one that holds still is.
-    /// Paused time orders the writer's step between the two reads.
-    #[tokio::test(start_paused = true)]
-    async fn a_file_caught_mid_write_is_not_taken_until_it_holds_still() {
-        let dir = std::env::temp_dir().join(format!("sluice-settle-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("sluice.yaml");
-        std::fs::write(&file, "accounts:\n  alice: 1/").unwrap();
-        let first = std::fs::read(&file).unwrap();
-        let writer = {
-            let file = file.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(SETTLE / 3).await;
-                std::fs::write(&file, "accounts:\n  alice: 1/h\n").unwrap();
-            })
-        };
-        assert_eq!(settled(&file, first, SETTLE).await, None);
-        writer.await.unwrap();
-        let whole = std::fs::read(&file).unwrap();
-        assert_eq!(settled(&file, whole.clone(), SETTLE).await, Some(whole));
-        std::fs::remove_file(&file).unwrap();
-        assert_eq!(settled(&file, b"gone".to_vec(), SETTLE).await, None);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -3,12 +3,12 @@
 //! that reloads the rules when their files change, or polls the rules service for them,
 //! keeping every counter.
 
+use std::convert::Infallible;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Duration;
 
 use sluice_descriptors::RuleSet;
 use sluice_rules_client::{DEFAULT_MAX_BYTES, FetchError, Fetched, Snapshot, SnapshotError};
@@ -19,11 +19,7 @@ use tokio::sync::watch;
 use crate::app::RedisBackendError;
 use crate::config::{RulesFrom, RulesService, Settings};
 use crate::metrics::HostState;
-
-/// How often the rules' files are read for a change.
-const POLL: Duration = Duration::from_secs(1);
-/// How long a changed read must hold still before it is taken (not caught mid-write).
-const SETTLE: Duration = Duration::from_millis(150);
+use crate::watch::{Watch, contents};
 
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
@@ -220,48 +216,20 @@ async fn stopped(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|stop| *stop).await;
 }
 
-/// The bytes of every rule file under `path`, by name: what a change is told by.
-fn snapshot(path: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-    let mut files = Vec::new();
-    collect(path, &mut files, 0);
-    files.sort();
-    files
-}
-
-fn collect(path: &Path, files: &mut Vec<(PathBuf, Vec<u8>)>, depth: usize) {
-    // As deep as any rules directory needs; a link loop ends here.
-    if depth > 8 {
-        return;
-    }
-    if path.is_dir() {
-        if let Ok(entries) = std::fs::read_dir(path) {
-            for entry in entries.flatten() {
-                collect(&entry.path(), files, depth + 1);
-            }
-        }
-    } else if let Ok(bytes) = std::fs::read(path) {
-        files.push((path.to_path_buf(), bytes));
-    }
-}
-
 /// Reloads the rules when their files change and hold still; a bad set is logged once and the
 /// running rules stay.
 async fn watch_files(path: PathBuf, engine: Arc<Engine>, state: Arc<HostState>, stop: watch::Receiver<bool>) {
-    let mut seen = snapshot(&path);
-    let mut refused: Option<Vec<(PathBuf, Vec<u8>)>> = None;
+    // What the running rules were loaded from: coming back to it needs no reload.
+    let mut applied = contents(&path);
+    let mut watch = Watch::new(applied.clone(), || Ok::<_, Infallible>(contents(&path)));
     let stopped = stopped(stop);
     tokio::pin!(stopped);
     loop {
-        tokio::select! {
+        let Ok(now) = tokio::select! {
             () = &mut stopped => return,
-            () = tokio::time::sleep(POLL) => {}
-        }
-        let now = snapshot(&path);
-        if now == seen || refused.as_ref() == Some(&now) {
-            continue;
-        }
-        tokio::time::sleep(SETTLE).await;
-        if snapshot(&path) != now {
+            now = watch.next() => now,
+        };
+        if now == applied {
             continue;
         }
         match RuleSet::load(&path) {
@@ -282,13 +250,11 @@ async fn watch_files(path: PathBuf, engine: Arc<Engine>, state: Arc<HostState>, 
                         tracing::error!("rules not reloaded: {e}");
                     }
                 }
-                seen = now;
-                refused = None;
+                applied = now;
             }
             Err(e) => {
                 state.rules_reloads_failed.fetch_add(1, Relaxed);
                 tracing::error!("rules not reloaded, the running rules stay: {e}");
-                refused = Some(now);
             }
         }
     }
