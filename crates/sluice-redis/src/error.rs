@@ -22,12 +22,12 @@ use sluice::Quota;
 #[non_exhaustive]
 pub enum Error {
     /// The URL cannot be parsed as a Redis URL.
-    #[error("invalid Redis URL {url:?}: {source}")]
+    #[error("invalid Redis URL {url:?}: {reason}")]
     BadUrl {
         /// The URL given.
         url: String,
         /// What the client library said.
-        source: redis::RedisError,
+        reason: String,
     },
     /// Redis did not answer at start-up.
     #[error("cannot reach Redis at {url}: {reason}")]

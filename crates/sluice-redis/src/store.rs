@@ -199,7 +199,7 @@ impl RedisStore {
     pub async fn connect(url: &str, options: RedisOptions) -> Result<Self, Error> {
         let client = Client::open(url).map_err(|source| Error::BadUrl {
             url: url.to_string(),
-            source,
+            reason: source.to_string(),
         })?;
         Self::start(url.to_string(), Target::Single(client), options).await
     }
@@ -225,7 +225,7 @@ impl RedisStore {
             .build()
             .map_err(|source| Error::BadUrl {
                 url: joined.clone(),
-                source,
+                reason: source.to_string(),
             })?;
         Self::start(joined, Target::Cluster(client), options).await
     }
