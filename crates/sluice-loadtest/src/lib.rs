@@ -7,7 +7,7 @@
 //!
 //! - `results.tsv`: one line per profile and trial (allowed, denied, rates, latency
 //!   percentiles in µs, the expected rate, the error in percent and the cold-start split; see
-//!   [`TrialRow`](crate::TrialRow));
+//!   [`TrialRow`]);
 //! - `rates.png` and `latencies.png`;
 //! - a [`Report`] whose `Display` is the summary printed by the CLI, with a [`Grade`] per
 //!   profile: `PASS` when its steady allow rate is within 1% (or 1 request) of the expected rate.

@@ -128,7 +128,7 @@ pub fn visit_scripted<V: RedisAlgorithmVisitor>(
 
 /// Checks that the Redis script of `kind` can hold `quota` exactly (its numbers are doubles,
 /// exact below 2^53), as a check would find out only when the quota is first used: for
-/// validating a config before it runs. [`Quota::deny_all`] always fits (no script runs).
+/// validating a config before it runs. [`sluice::Quota::deny_all`] always fits (no script runs).
 ///
 /// # Example
 /// ```
