@@ -148,7 +148,7 @@ pub(super) struct RawCost {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawRls {
     pub listen: String,
-    /// The rate-limit fields answers carry (`all` when left out).
+    /// The rate-limit fields answers carry (`none` when left out).
     #[serde(default)]
     pub headers: Option<String>,
 }

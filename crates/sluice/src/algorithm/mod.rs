@@ -137,10 +137,10 @@ pub trait Algorithm: Send + Sync + 'static {
 }
 
 /// The shortest span past its epoch a state must be able to count: 2^40 ns, about 18
-/// minutes. A limiter moves the epoch before the span runs out, and the direct limiter keeps
-/// every limit it installs until it drops (a check may still be reading a retired one): a
-/// quota whose span were a few nanoseconds would install one at nearly every check. Quotas
-/// that cannot be counted this long are refused when compiled.
+/// minutes. A limiter moves the epoch before the span runs out, and each move installs a new
+/// limit (freed only once no check reads it, `limiter/reclaim.rs`): a quota whose span were a
+/// few nanoseconds would install one at nearly every check. Quotas that cannot be counted this
+/// long are refused when compiled.
 pub(crate) const MIN_HORIZON: u64 = 1 << 40;
 
 /// `Ok` if `horizon` is at least [`MIN_HORIZON`]; else the error, with `how()` saying which
