@@ -143,8 +143,9 @@ fn positive(field: &str, text: &str) -> Result<std::time::Duration, ConfigError>
 }
 
 impl RawConfig {
-    /// The checked settings, or the first field at fault.
-    pub(super) fn check(self, dir: Option<&std::path::Path>) -> Result<Settings, ConfigError> {
+    /// The checked settings, or the first field at fault. Each section is checked by its own
+    /// function, in the order the fields were always checked.
+    pub(super) fn check(mut self, dir: Option<&std::path::Path>) -> Result<Settings, ConfigError> {
         let listen = self
             .listen
             .parse::<SocketAddr>()
@@ -155,75 +156,7 @@ impl RawConfig {
             .transpose()?;
         let max_header_bytes = within("max_header_bytes", self.max_header_bytes, HEADER_BYTES)?;
         let max_headers = within("max_headers", self.max_headers, HEADERS)?;
-        let algorithm: AlgorithmKind = self.algorithm.parse().map_err(|e| error("algorithm", e))?;
-        let redis = self.redis.map(|r| r.check(algorithm)).transpose()?;
-        let on_redis = redis.is_some();
-        let held = |field: &str, quota: Quota| -> Result<Quota, ConfigError> {
-            algorithm
-                .check(&quota)
-                .map_err(|e| error(field, format!("{algorithm} cannot hold {quota}: {e}")))?;
-            // On Redis the script's numbers bound the quota too: refuse it here rather than
-            // deny every request for it at run time.
-            if on_redis {
-                sluice_redis::check_quota(algorithm, &quota).map_err(|e| error(field, e))?;
-            }
-            Ok(quota)
-        };
-        let failsafe = held("failsafe", quota("failsafe", &self.failsafe)?)?;
-        // The pool is a token bucket whatever the keys' algorithm.
-        let failsafe_pool = match &self.failsafe_pool {
-            Some(text) => {
-                let pool = quota("failsafe_pool", text)?;
-                let bucket = AlgorithmKind::TokenBucket;
-                bucket
-                    .check(&pool)
-                    .map_err(|e| error("failsafe_pool", format!("{bucket} cannot hold {pool}: {e}")))?;
-                Some(pool)
-            }
-            None => None,
-        };
-        let unknown = held("unknown", quota("unknown", &self.unknown)?)?;
-        let capacity = self.capacity.unwrap_or(sluice::DEFAULT_CAPACITY);
-        if capacity == 0 || capacity > MAX_CAPACITY {
-            return Err(error(
-                "capacity",
-                format!("must be between 1 and {MAX_CAPACITY} keys, not {capacity}"),
-            ));
-        }
-        let fetch_latency = duration("fetch_latency", &self.fetch_latency)?;
-        let fetch_timeout = match &self.fetch_timeout {
-            Some(text) => positive("fetch_timeout", text)?,
-            None => sluice::DEFAULT_FETCH_TIMEOUT,
-        };
-        let refresh = positive("refresh", &self.refresh)?;
-        if refresh > sluice::MAX_REFRESH {
-            return Err(error(
-                "refresh",
-                format!(
-                    "{:?} is too long: at most 2^63 − 1 ns (about 292 years)",
-                    self.refresh
-                ),
-            ));
-        }
-        if let Some(url) = &self.accounts_url {
-            sluice_rules_client::HttpQuotas::new(url, fetch_timeout).map_err(|e| error("accounts_url", e))?;
-        }
-        let limiter = LimiterSettings {
-            algorithm,
-            failsafe,
-            failsafe_pool,
-            unknown,
-            fetch_latency,
-            fetch_timeout,
-            refresh,
-            capacity,
-            redis,
-            accounts_url: self.accounts_url.clone(),
-            denied_log: self.denied_log.unwrap_or(super::DEFAULT_DENIED_LOG),
-            // Counted only where something reads the counts.
-            observe: self.admin.is_some(),
-        };
-
+        let limiter = self.limiter()?;
         let ipv6_prefix = match self.ipv6_prefix {
             None => sluice_http::DEFAULT_IPV6_PREFIX,
             Some(bits) => u8::try_from(bits).map_err(|_| {
@@ -235,63 +168,9 @@ impl RawConfig {
         };
         let key_parts = key_parts(&self.key, ipv6_prefix)?;
         let max_key_len = self.key.max_length;
-        let too_long = |field: String, key: &str| {
-            if key.len() > max_key_len {
-                Err(error(
-                    field,
-                    format!("key longer than key.max_length ({max_key_len})"),
-                ))
-            } else {
-                Ok(())
-            }
-        };
-        let mut accounts = HashMap::with_capacity(self.accounts.len());
-        // The accounts become rules of one domain: as many as a domain holds.
-        if self.accounts.len() > sluice_descriptors::MAX_DESCRIPTORS {
-            return Err(error(
-                "accounts",
-                format!(
-                    "{} accounts, at most {}",
-                    self.accounts.len(),
-                    sluice_descriptors::MAX_DESCRIPTORS
-                ),
-            ));
-        }
-        let server_wait = RawWait {
-            on_excess: self.on_excess.clone(),
-            max_wait: self.max_wait.clone(),
-            queue_limit: self.queue_limit,
-            queue_order: self.queue_order.clone(),
-        };
-        let server_waits = Waits::default().with("", &server_wait)?;
-        let mut by_account = HashMap::new();
-        for (name, account) in &self.accounts {
-            let field = format!("accounts.{name}");
-            if name.is_empty() {
-                return Err(error("accounts", "an account's name is empty"));
-            }
-            too_long(field.clone(), name)?;
-            if let Some(wait) = &account.wait {
-                let waits = server_waits.with(&format!("{field}."), wait)?;
-                by_account.insert(name.clone(), waits.policy());
-            }
-            let text = &account.quota;
-            let field = if account.wait.is_some() {
-                format!("{field}.quota")
-            } else {
-                field
-            };
-            let mut q = quota(&field, text)?;
-            let burst = self.burst.filter(|_| !text.contains("burst") && !q.is_deny_all());
-            if let Some(burst) = burst {
-                q = q
-                    .with_capacity(burst)
-                    .map_err(|e| error(&field, format!("burst {burst} with {text:?}: {e}")))?;
-            }
-            accounts.insert(name.clone(), held(&field, q)?);
-        }
+        let (accounts, server_waits, by_account) = self.accounts(&limiter)?;
         for (i, key) in self.bypass.iter().enumerate() {
-            too_long(format!("bypass[{i}]"), key)?;
+            fits_key(format!("bypass[{i}]"), key, max_key_len)?;
         }
         let trusted_proxies = (self.trusted_proxies.iter().enumerate())
             .map(|(i, net)| {
@@ -358,6 +237,153 @@ impl RawConfig {
             admin,
         })
     }
+
+    /// The limiter's section: algorithm, Redis, failsafe and its pool, the unknown-key quota,
+    /// capacity, fetches and refresh, the quota service.
+    fn limiter(&mut self) -> Result<LimiterSettings, ConfigError> {
+        let algorithm: AlgorithmKind = self.algorithm.parse().map_err(|e| error("algorithm", e))?;
+        let redis = self.redis.take().map(|r| r.check(algorithm)).transpose()?;
+        let on_redis = redis.is_some();
+        let failsafe = held(
+            algorithm,
+            on_redis,
+            "failsafe",
+            quota("failsafe", &self.failsafe)?,
+        )?;
+        // The pool is a token bucket whatever the keys' algorithm.
+        let failsafe_pool = match &self.failsafe_pool {
+            Some(text) => {
+                let pool = quota("failsafe_pool", text)?;
+                let bucket = AlgorithmKind::TokenBucket;
+                bucket
+                    .check(&pool)
+                    .map_err(|e| error("failsafe_pool", format!("{bucket} cannot hold {pool}: {e}")))?;
+                Some(pool)
+            }
+            None => None,
+        };
+        let unknown = held(algorithm, on_redis, "unknown", quota("unknown", &self.unknown)?)?;
+        let capacity = self.capacity.unwrap_or(sluice::DEFAULT_CAPACITY);
+        if capacity == 0 || capacity > MAX_CAPACITY {
+            return Err(error(
+                "capacity",
+                format!("must be between 1 and {MAX_CAPACITY} keys, not {capacity}"),
+            ));
+        }
+        let fetch_latency = duration("fetch_latency", &self.fetch_latency)?;
+        let fetch_timeout = match &self.fetch_timeout {
+            Some(text) => positive("fetch_timeout", text)?,
+            None => sluice::DEFAULT_FETCH_TIMEOUT,
+        };
+        let refresh = positive("refresh", &self.refresh)?;
+        if refresh > sluice::MAX_REFRESH {
+            return Err(error(
+                "refresh",
+                format!(
+                    "{:?} is too long: at most 2^63 − 1 ns (about 292 years)",
+                    self.refresh
+                ),
+            ));
+        }
+        if let Some(url) = &self.accounts_url {
+            sluice_rules_client::HttpQuotas::new(url, fetch_timeout).map_err(|e| error("accounts_url", e))?;
+        }
+        Ok(LimiterSettings {
+            algorithm,
+            failsafe,
+            failsafe_pool,
+            unknown,
+            fetch_latency,
+            fetch_timeout,
+            refresh,
+            capacity,
+            redis,
+            accounts_url: self.accounts_url.clone(),
+            denied_log: self.denied_log.unwrap_or(super::DEFAULT_DENIED_LOG),
+            // Counted only where something reads the counts.
+            observe: self.admin.is_some(),
+        })
+    }
+
+    /// The accounts' quotas (with the server's `burst`), the server's waiting policy, and each
+    /// account's own.
+    #[allow(clippy::type_complexity)]
+    fn accounts(
+        &self,
+        limiter: &LimiterSettings,
+    ) -> Result<(HashMap<String, Quota>, Waits, HashMap<String, WaitPolicy>), ConfigError> {
+        let (algorithm, on_redis) = (limiter.algorithm, limiter.redis.is_some());
+        let max_key_len = self.key.max_length;
+        let mut accounts = HashMap::with_capacity(self.accounts.len());
+        // The accounts become rules of one domain: as many as a domain holds.
+        if self.accounts.len() > sluice_descriptors::MAX_DESCRIPTORS {
+            return Err(error(
+                "accounts",
+                format!(
+                    "{} accounts, at most {}",
+                    self.accounts.len(),
+                    sluice_descriptors::MAX_DESCRIPTORS
+                ),
+            ));
+        }
+        let server_wait = RawWait {
+            on_excess: self.on_excess.clone(),
+            max_wait: self.max_wait.clone(),
+            queue_limit: self.queue_limit,
+            queue_order: self.queue_order.clone(),
+        };
+        let server_waits = Waits::default().with("", &server_wait)?;
+        let mut by_account = HashMap::new();
+        for (name, account) in &self.accounts {
+            let field = format!("accounts.{name}");
+            if name.is_empty() {
+                return Err(error("accounts", "an account's name is empty"));
+            }
+            fits_key(field.clone(), name, max_key_len)?;
+            if let Some(wait) = &account.wait {
+                let waits = server_waits.with(&format!("{field}."), wait)?;
+                by_account.insert(name.clone(), waits.policy());
+            }
+            let text = &account.quota;
+            let field = if account.wait.is_some() {
+                format!("{field}.quota")
+            } else {
+                field
+            };
+            let mut q = quota(&field, text)?;
+            let burst = self.burst.filter(|_| !text.contains("burst") && !q.is_deny_all());
+            if let Some(burst) = burst {
+                q = q
+                    .with_capacity(burst)
+                    .map_err(|e| error(&field, format!("burst {burst} with {text:?}: {e}")))?;
+            }
+            accounts.insert(name.clone(), held(algorithm, on_redis, &field, q)?);
+        }
+        Ok((accounts, server_waits, by_account))
+    }
+}
+
+/// `quota` if the keys' algorithm can hold it (and, on Redis, the script's numbers too:
+/// refused here rather than denying every request for it at run time).
+fn held(algorithm: AlgorithmKind, on_redis: bool, field: &str, quota: Quota) -> Result<Quota, ConfigError> {
+    algorithm
+        .check(&quota)
+        .map_err(|e| error(field, format!("{algorithm} cannot hold {quota}: {e}")))?;
+    if on_redis {
+        sluice_redis::check_quota(algorithm, &quota).map_err(|e| error(field, e))?;
+    }
+    Ok(quota)
+}
+
+/// A key (an account's name, a bypassed key) no longer than `key.max_length`.
+fn fits_key(field: String, key: &str, max_key_len: usize) -> Result<(), ConfigError> {
+    if key.len() > max_key_len {
+        return Err(error(
+            field,
+            format!("key longer than key.max_length ({max_key_len})"),
+        ));
+    }
+    Ok(())
 }
 
 /// The rate-limit service's settings: the rules loaded and checked (their errors name the
