@@ -2,6 +2,11 @@
 //! instead of being refused ([`WaitRoom`], set through
 //! [`RateLimitBuilder::on_excess`](crate::RateLimitBuilder::on_excess)).
 //!
+//! Why one file over 600 lines: the room, a key's queue, the estimate and the waiter's future
+//! all work under the same shard lock on the same queue fields; apart, those fields would be
+//! open to every module. The core's `wait::Queue` cannot stand in: it asks a local limiter
+//! under its lock, while this room's backend may answer later (Redis).
+//!
 //! A key's queue exists only while the key has waiters, and nothing runs for it but the
 //! waiters' own futures: the head sleeps inside its future until the retry-after the limit gave
 //! it, then asks again; the others sleep until the head leaves. A waiter holds no capacity,

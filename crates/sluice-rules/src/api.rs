@@ -14,15 +14,15 @@
 //! (401 without one, 403 with a read token for a write); the history records the token's
 //! name. Without tokens everything is open: the caller binds to loopback only.
 
+mod auth;
+
 use std::future::Future;
-use std::marker::PhantomData;
 use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
-use axum::http::request::Parts;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -30,8 +30,10 @@ use serde::{Deserialize, Serialize};
 use sluice_rules_client::{DomainBody, SnapshotBody};
 use tokio::net::TcpListener;
 
+use auth::{Authorized, ToRead, ToWrite};
+
 use crate::patch::PatchError;
-use crate::tokens::{Scope, Tokens};
+use crate::tokens::Tokens;
 use crate::{DomainRecord, RuleStore, StoreError};
 
 /// The largest rules file a write takes.
@@ -154,78 +156,6 @@ fn store_problem(error: StoreError) -> Response {
 
 /// An answer refusing a request (boxed: a `Response` is large to carry in a `Result`).
 type Refused = Box<Response>;
-
-/// The scope a handler needs, as a type, so [`Authorized`] can name it.
-trait Needs: Send + Sync + 'static {
-    const SCOPE: Scope;
-}
-
-/// Reading rules.
-enum ToRead {}
-
-impl Needs for ToRead {
-    const SCOPE: Scope = Scope::Read;
-}
-
-/// Writing rules.
-enum ToWrite {}
-
-impl Needs for ToWrite {
-    const SCOPE: Scope = Scope::Write;
-}
-
-/// The caller whose bearer token allows `N`'s scope; the request is refused (401, 403)
-/// before the handler runs otherwise.
-struct Authorized<N> {
-    /// The token's name, which the history records.
-    name: String,
-    needs: PhantomData<N>,
-}
-
-impl<S, N> FromRequestParts<Arc<Shared<S>>> for Authorized<N>
-where
-    S: Send + Sync,
-    N: Needs,
-{
-    type Rejection = Response;
-
-    async fn from_request_parts(parts: &mut Parts, shared: &Arc<Shared<S>>) -> Result<Self, Response> {
-        // Without tokens the API is open: its caller binds it to loopback only.
-        if shared.tokens.is_empty() {
-            return Ok(Self {
-                name: "local".into(),
-                needs: PhantomData,
-            });
-        }
-        let secret = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.strip_prefix("Bearer "));
-        let Some(caller) = secret.and_then(|secret| shared.tokens.caller(secret.trim())) else {
-            let mut answer = problem(
-                StatusCode::UNAUTHORIZED,
-                "Unauthorized",
-                "send Authorization: Bearer TOKEN",
-            );
-            answer
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            return Err(answer);
-        };
-        if caller.scope < N::SCOPE {
-            return Err(problem(
-                StatusCode::FORBIDDEN,
-                "Forbidden",
-                format!("token '{}' may read, not write", caller.name),
-            ));
-        }
-        Ok(Self {
-            name: caller.name,
-            needs: PhantomData,
-        })
-    }
-}
 
 /// Runs a store call off the async threads (SQLite blocks).
 async fn blocking<S, T>(
