@@ -25,6 +25,15 @@ thread_local! {
     static KEYS: Cell<String> = const { Cell::new(String::new()) };
 }
 
+/// Runs `f` with this thread's counter-key buffer, emptied (a nested use gets an empty one).
+pub(crate) fn with_keys<T>(f: impl FnOnce(&mut String) -> T) -> T {
+    let mut keys = KEYS.with(Cell::take);
+    keys.clear();
+    let answer = f(&mut keys);
+    KEYS.with(|buffer| buffer.set(keys));
+    answer
+}
+
 /// A decision, known now (in memory) or later (on Redis).
 pub(crate) enum Decided<'a, T> {
     Ready(Result<T, RequestError>),

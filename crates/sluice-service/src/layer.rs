@@ -9,7 +9,7 @@ use sluice_http::{CheckFuture, LimitBackend};
 
 use crate::answer::{Outcome, Status};
 use crate::counters::push_counter;
-use crate::decide::Decided;
+use crate::decide::{Decided, with_keys};
 use crate::engine::Engine;
 use crate::request::{Descriptor, Request, RequestError};
 use crate::stats::FrontEnd;
@@ -93,8 +93,7 @@ impl LimitBackend for LayerBackend {
             return None;
         }
         let kind = rule.algorithm.unwrap_or(engine.settings.algorithm);
-        with_buffer(|counter| {
-            counter.clear();
+        with_keys(|counter| {
             push_counter(counter, rule, &entries, None);
             generation.store.quota_of(kind, counter)
         })
@@ -145,16 +144,4 @@ impl LimitBackend for LayerBackend {
         };
         (CheckFuture::pending(later), None)
     }
-}
-
-/// Runs `f` with this thread's counter-key buffer: a quota lookup allocates no key.
-fn with_buffer<T>(f: impl FnOnce(&mut String) -> T) -> T {
-    thread_local! {
-        static COUNTER: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
-    }
-    COUNTER.with(|buffer| match buffer.try_borrow_mut() {
-        Ok(mut buffer) => f(&mut buffer),
-        // Only if a lookup ran inside another on this thread: a buffer of its own.
-        Err(_) => f(&mut String::new()),
-    })
 }
