@@ -5,7 +5,7 @@
 //! | `GET /metrics` | every number in OpenMetrics text ([`crate::metrics`]) |
 //! | `GET /healthz` | 200 while the process answers |
 //! | `GET /readyz` | 200 or 503, with a JSON body naming each check: config, rules, Redis |
-//! | `GET /v1/rules` | every rule with its limit and decisions (JSON; the console's source) |
+//! | `GET /v1/rule-stats` | every rule with its limit and decisions (JSON; the console's source) |
 //! | `GET /v1/top?rule=R&n=N` | the keys rule `R` (its place or name) denied most over about the last minute |
 //! | `GET /ui` | the live console, its assets in the binary |
 //! | `/rules/...` | with `rules: {url}`: the rules service's API (`/v1/...`), forwarded with the caller's own `Authorization`, so the console edits rules with the user's token, never the host's |
@@ -40,7 +40,7 @@ pub fn router(observed: Observed) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .route("/v1/rules", get(rules))
+        .route("/v1/rule-stats", get(rule_stats))
         .route("/v1/top", get(top))
         .route("/ui", get(console))
         .route("/rules/{*path}", any(rules_api))
@@ -169,13 +169,13 @@ struct RuleBody {
     rule: String,
     name: Option<String>,
     limit: String,
-    shadow: bool,
+    shadow_mode: bool,
     allowed: u64,
     denied: u64,
     shadow_denied: u64,
 }
 
-async fn rules(State(observed): State<Observed>) -> Response {
+async fn rule_stats(State(observed): State<Observed>) -> Response {
     let mut body = Vec::new();
     for (engine_name, engine) in observed.engines() {
         for report in engine.rule_counts() {
@@ -188,7 +188,7 @@ async fn rules(State(observed): State<Observed>) -> Response {
                     Limit::Quota(quota) => quota.to_string(),
                     Limit::Unlimited => "unlimited".into(),
                 },
-                shadow: report.shadow,
+                shadow_mode: report.shadow_mode,
                 allowed: report.counts.allowed,
                 denied: report.counts.denied,
                 shadow_denied: report.counts.shadow_denied,

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
 use sluice_descriptors::{DomainRules, RuleSet};
-use sluice_http::{BuildError, RateLimit, RateLimitLayer, RouteCosts, TrustedProxies, WaitRoom};
+use sluice_http::{LayerBuildError, RateLimit, RateLimitLayer, RouteCosts, TrustedProxies, WaitRoom};
 use sluice_redis::{RedisOptions, RedisStore};
 use sluice_service::{
     CounterSettings, Engine, EngineSettings, LayerBackend, RedisCounters, ValueQuotaSource, ValueQuotas,
@@ -45,13 +45,13 @@ pub enum AppError {
     /// The engine refused a setting (a quota its algorithm cannot hold, a refresh period too
     /// long, a quota Redis cannot hold).
     #[error(transparent)]
-    Limiter(#[from] sluice_service::BuildError),
+    Limiter(#[from] sluice_service::EngineError),
     /// The accounts cannot be made into rules.
     #[error("accounts: {0}")]
     Accounts(#[from] sluice_descriptors::RulesError),
     /// The layer refused a setting.
     #[error(transparent)]
-    Layer(#[from] BuildError),
+    Layer(#[from] LayerBuildError),
     /// The quota service's URL.
     #[error("accounts_url: {0}")]
     AccountsUrl(#[from] sluice_rules_client::UrlError),
@@ -76,7 +76,7 @@ pub const ACCOUNT_KEY: &str = "account";
 
 /// What a reload did with the limiter and the counts it holds.
 #[derive(Debug)]
-pub enum Reloaded {
+pub enum LimiterReload {
     /// The limiter's settings are unchanged: the same limiter, every count kept.
     Kept,
     /// A new in-memory limiter took the held keys with their counts.
@@ -100,7 +100,7 @@ pub enum Reloaded {
     },
 }
 
-impl std::fmt::Display for Reloaded {
+impl std::fmt::Display for LimiterReload {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Kept => write!(f, "limiter unchanged, counts kept"),
@@ -223,16 +223,16 @@ impl App {
         &self,
         settings: &Settings,
         url_field: &'static str,
-    ) -> Result<(Self, Reloaded), AppError> {
+    ) -> Result<(Self, LimiterReload), AppError> {
         let (old, new) = (&self.limiter_settings, &settings.limiter);
         if new == old {
             let app = self.next(settings, Arc::clone(&self.engine))?;
             // Last, once nothing can fail.
             self.engine.reload(accounts_rules(settings)?)?;
-            return Ok((app, Reloaded::Kept));
+            return Ok((app, LimiterReload::Kept));
         }
         let changed = old.changed(new);
-        let afresh = |why| Reloaded::Afresh {
+        let afresh = |why| LimiterReload::Afresh {
             changed: changed.clone(),
             why,
         };
@@ -243,7 +243,7 @@ impl App {
                 let app = self.next(settings, Arc::new(engine))?;
                 // Last, once nothing can fail: the keys leave the running engine.
                 let reloaded = match self.engine.migrate_into(&app.engine) {
-                    Some(migrated) => Reloaded::Migrated {
+                    Some(migrated) => LimiterReload::Migrated {
                         changed: changed.clone(),
                         migrated,
                     },
@@ -252,7 +252,7 @@ impl App {
                 return Ok((app.take_over_from(self), reloaded));
             }
             (Some(a), Some(b)) if (&a.url, &a.cluster, &a.prefix) == (&b.url, &b.cluster, &b.prefix) => {
-                Reloaded::Shared {
+                LimiterReload::Shared {
                     changed: changed.clone(),
                 }
             }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use crate::app::{App, Reloaded};
+use crate::app::{App, LimiterReload};
 use crate::config::{self, Settings};
 use crate::metrics::HostState;
 use crate::server::url_field;
@@ -117,8 +117,8 @@ pub(crate) async fn watch_config(
                 applied = bytes;
                 state.config_reloads.fetch_add(1, Ordering::Relaxed);
                 match reloaded {
-                    Reloaded::Kept => tracing::info!("{}: config reloaded", file.display()),
-                    Reloaded::Afresh { .. } => {
+                    LimiterReload::Kept => tracing::info!("{}: config reloaded", file.display()),
+                    LimiterReload::Afresh { .. } => {
                         tracing::warn!("{}: config reloaded; {reloaded}", file.display());
                     }
                     _ => tracing::info!("{}: config reloaded; {reloaded}", file.display()),

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
 use sluice_descriptors::RuleSet;
-use sluice_rules_client::{DEFAULT_MAX_BYTES, FetchError, Fetched, Snapshot, SnapshotError};
+use sluice_rules_client::{DEFAULT_MAX_BYTES, Fetched, PollError, Snapshot, SnapshotError};
 use sluice_service::{CheckApi, Engine, EngineSettings, RateLimitService, RedisCounters};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -26,7 +26,7 @@ use crate::watch::{Watch, contents};
 pub enum ServiceError {
     /// The engine refused a setting or a rule.
     #[error("rules: {0}")]
-    Engine(#[from] sluice_service::BuildError),
+    Engine(#[from] sluice_service::EngineError),
     /// The `redis:` section names no server.
     #[error("redis.url: not set (give it or redis.cluster in the config, or --redis URL)")]
     NoRedisUrl,
@@ -85,7 +85,7 @@ pub async fn start(
     let engine_settings = EngineSettings {
         algorithm: settings.limiter.algorithm,
         counting: service.counting,
-        fields: service.fields,
+        headers: service.headers,
         counters: sluice_service::CounterSettings {
             capacity: settings.limiter.capacity,
             ..sluice_service::CounterSettings::default()
@@ -281,7 +281,7 @@ async fn first_rules(
                 Err(other) => return Err(other),
             }
         }
-        Ok(Fetched::Unchanged) => Box::new(FetchError::Http("304 to a first request".into())),
+        Ok(Fetched::Unchanged) => Box::new(PollError::Http("304 to a first request".into())),
         Err(e) => Box::new(e),
     };
     let kept =

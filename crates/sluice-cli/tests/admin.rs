@@ -104,6 +104,17 @@ fn metrics_count_what_clients_were_told_and_top_names_the_flooded_keys() {
     assert_eq!(admin(&server).get("/v1/top?rule=nothing", &[]).status, 404);
     assert_eq!(admin(&server).get("/v1/top", &[]).status, 400);
 
+    let stats = admin(&server).get("/v1/rule-stats", &[]);
+    assert_eq!(stats.status, 200, "{stats:?}");
+    let stats: serde_json::Value = serde_json::from_str(&stats.body).unwrap();
+    let accounts = (stats.as_array().unwrap().iter())
+        .find(|rule| rule["rule"] == "accounts: account")
+        .unwrap_or_else(|| panic!("no accounts rule in {stats}"));
+    assert_eq!(accounts["shadow_mode"], false, "{accounts}");
+    assert!(accounts["denied"].as_u64().unwrap() >= 49, "{accounts}");
+    // The rules service's snapshot path is not the admin listener's.
+    assert_eq!(admin(&server).get("/v1/rules", &[]).status, 404);
+
     assert_eq!(admin(&server).get("/healthz", &[]).status, 200);
     let ui = admin(&server).get("/ui", &[]);
     assert_eq!(ui.status, 200);

@@ -5,7 +5,9 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 
 use sluice::{AlgorithmKind, KeyedLimiter, QueueOrder, Quota, TokenBucket, WaitPolicy};
-use sluice_http::{BuildError, ClientIpHeader, CostRule, IpNet, KeyPart, RateLimitLayer, normalize_path};
+use sluice_http::{
+    ClientIpHeader, CostRule, IpNet, KeyPart, LayerBuildError, RateLimitLayer, normalize_path,
+};
 
 use super::raw::{RawConfig, RawCost, RawKey, RawListener, RawRls, RawRules, RawRulesService, RawWait};
 use super::{
@@ -401,7 +403,7 @@ fn service(
     };
     let rls_listen = rls.map(|r| address("rls.listen", &r.listen)).transpose()?;
     let api_listen = api.map(|a| address("api.listen", &a.listen)).transpose()?;
-    let fields = match rls.and_then(|r| r.headers.as_deref()) {
+    let headers = match rls.and_then(|r| r.headers.as_deref()) {
         Some(text) => text.parse().map_err(|e| error("rls.headers", e))?,
         None => FieldSet::default(),
     };
@@ -435,7 +437,7 @@ fn service(
         rls: rls_listen,
         api: api_listen,
         counting,
-        fields,
+        headers,
     }))
 }
 
@@ -521,10 +523,10 @@ fn key_parts(key: &RawKey, ipv6_prefix: u8) -> Result<Vec<KeyPart>, ConfigError>
         Ok(_) => Ok(parts),
         Err(e) => {
             let field = match e {
-                BuildError::NoKeyParts => "key.from",
-                BuildError::MaxKeyLength(_) => "key.max_length",
-                BuildError::DefaultKey(_) => "key.default",
-                BuildError::Ipv6Prefix(_) => "ipv6_prefix",
+                LayerBuildError::NoKeyParts => "key.from",
+                LayerBuildError::MaxKeyLength(_) => "key.max_length",
+                LayerBuildError::DefaultKey(_) => "key.default",
+                LayerBuildError::Ipv6Prefix(_) => "ipv6_prefix",
                 _ => "key",
             };
             Err(error(field, e))

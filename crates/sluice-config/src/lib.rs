@@ -302,8 +302,8 @@ pub struct ServiceSettings {
     pub api: Option<SocketAddr>,
     /// How one request's descriptors are counted.
     pub counting: Counting,
-    /// The rate-limit fields answers carry.
-    pub fields: FieldSet,
+    /// The rate-limit header fields answers carry (`rls.headers`).
+    pub headers: FieldSet,
 }
 
 /// Where the service's rules come from.

@@ -61,6 +61,7 @@ mod fields;
 mod headers;
 mod key;
 mod layer;
+mod problem;
 mod proxy;
 mod wait;
 
@@ -70,9 +71,10 @@ pub use fields::FieldSet;
 pub use headers::FieldPolicy;
 pub use key::{KeyPart, KeyPartError, MAX_KEY_LEN};
 pub use layer::{
-    BuildError, DEFAULT_IPV6_PREFIX, EXCEEDED_BODY, PeerAddrReader, RateLimit, RateLimitBuilder,
+    DEFAULT_IPV6_PREFIX, EXCEEDED_BODY, LayerBuildError, PeerAddrReader, RateLimit, RateLimitBuilder,
     RateLimitLayer, ResponseFuture,
 };
+pub use problem::{PROBLEM_JSON, problem};
 pub use proxy::{
     ClientIpError, ClientIpHeader, ClientIpHeaderError, IpNet, IpNetError, PeerAddr, TrustedProxies,
 };

@@ -16,7 +16,7 @@ use hyper::server::conn::http1;
 use hyper_util::rt::TokioIo;
 use sluice::{KeyedLimiter, StaticQuotas, TokenBucket};
 use sluice_http::{
-    BuildError, ClientIpHeader, CostRule, KeyPart, PeerAddr, RateLimit, RateLimitLayer, RouteCosts,
+    ClientIpHeader, CostRule, KeyPart, LayerBuildError, PeerAddr, RateLimit, RateLimitLayer, RouteCosts,
     TrustedProxies,
 };
 use tower_layer::Layer;
@@ -142,7 +142,7 @@ fn behind_a_proxy_only_the_configured_header_names_the_client() {
         .ipv6_prefix(0)
         .build()
         .unwrap_err();
-    assert_eq!(refused, BuildError::Ipv6Prefix(0));
+    assert_eq!(refused, LayerBuildError::Ipv6Prefix(0));
 }
 
 #[test]

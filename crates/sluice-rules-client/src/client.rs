@@ -7,7 +7,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use crate::{FetchError, UrlError};
+use crate::{PollError, UrlError};
 
 /// Where an `http://` URL points: the `host:port` to connect to and name in `Host`, and the
 /// path (without a trailing `/`).
@@ -41,7 +41,7 @@ pub(crate) async fn get(
     path: &str,
     headers: Vec<(HeaderName, HeaderValue)>,
     max_bytes: usize,
-) -> Result<(StatusCode, Bytes), FetchError> {
+) -> Result<(StatusCode, Bytes), PollError> {
     let (status, _, body) = send(Method::GET, authority, path, headers, Bytes::new(), max_bytes).await?;
     Ok((status, body))
 }
@@ -55,12 +55,12 @@ pub(crate) async fn send(
     headers: Vec<(HeaderName, HeaderValue)>,
     body: Bytes,
     max_bytes: usize,
-) -> Result<(StatusCode, HeaderMap, Bytes), FetchError> {
-    let connect = |source| FetchError::Connect {
+) -> Result<(StatusCode, HeaderMap, Bytes), PollError> {
+    let connect = |source| PollError::Connect {
         address: authority.to_owned(),
         source,
     };
-    let http = |e: &dyn std::fmt::Display| FetchError::Http(e.to_string());
+    let http = |e: &dyn std::fmt::Display| PollError::Http(e.to_string());
     let stream = TcpStream::connect(authority).await.map_err(connect)?;
     stream.set_nodelay(true).map_err(connect)?;
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
@@ -83,7 +83,7 @@ pub(crate) async fn send(
             .await
             .map_err(|e| {
                 if e.is::<http_body_util::LengthLimitError>() {
-                    FetchError::TooLarge(max_bytes)
+                    PollError::TooLarge(max_bytes)
                 } else {
                     http(&e)
                 }

@@ -37,6 +37,6 @@ mod wire;
 
 pub use quotas::HttpQuotas;
 pub use retriever::{
-    DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT, FetchError, Fetched, RulesSource, Snapshot, SnapshotError, UrlError,
+    DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT, Fetched, PollError, RulesSource, Snapshot, SnapshotError, UrlError,
 };
 pub use wire::{DomainBody, SnapshotBody};

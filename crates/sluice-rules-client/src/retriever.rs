@@ -58,13 +58,13 @@ pub enum UrlError {
 /// Why a poll brought no rules. The rules held stay; nothing is half-applied.
 ///
 /// ```
-/// use sluice_rules_client::{FetchError, Snapshot};
+/// use sluice_rules_client::{PollError, Snapshot};
 /// let e = Snapshot::from_json(b"<html>".to_vec().into()).unwrap_err();
-/// assert!(matches!(e, FetchError::Json(_)));
+/// assert!(matches!(e, PollError::Json(_)));
 /// assert!(e.to_string().starts_with("not a rules snapshot"), "{e}");
 /// ```
 #[derive(Debug, thiserror::Error)]
-pub enum FetchError {
+pub enum PollError {
     /// The service could not be reached or the connection broke.
     #[error("cannot reach {address}: {source}")]
     Connect {
@@ -132,7 +132,7 @@ pub enum SnapshotError {
         /// The file.
         path: PathBuf,
         /// Why.
-        source: FetchError,
+        source: PollError,
     },
 }
 
@@ -142,7 +142,7 @@ pub enum SnapshotError {
 /// use sluice_rules_client::Snapshot;
 /// let snapshot = Snapshot::from_json(br#"{"revision": 0, "domains": []}"#.to_vec().into())?;
 /// assert!(snapshot.revision == 0 && snapshot.rules.is_empty());
-/// # Ok::<(), sluice_rules_client::FetchError>(())
+/// # Ok::<(), sluice_rules_client::PollError>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct Snapshot {
@@ -166,13 +166,13 @@ impl Snapshot {
     ///     "rules": "domain: edge\ndescriptors:\n  - key: ip\n    rate_limit: {unit: second, requests_per_unit: 5}\n"}]}"#;
     /// let snapshot = sluice_rules_client::Snapshot::from_json(json.as_bytes().to_vec().into())?;
     /// assert_eq!((snapshot.revision, snapshot.rules.len()), (3, 1));
-    /// # Ok::<(), sluice_rules_client::FetchError>(())
+    /// # Ok::<(), sluice_rules_client::PollError>(())
     /// ```
-    pub fn from_json(json: Bytes) -> Result<Self, FetchError> {
+    pub fn from_json(json: Bytes) -> Result<Self, PollError> {
         let body: SnapshotBody = serde_json::from_slice(&json)?;
         let mut domains = Vec::with_capacity(body.domains.len());
         for DomainBody { domain, rules, .. } in body.domains {
-            let invalid = |source| FetchError::Rules {
+            let invalid = |source| PollError::Rules {
                 domain: domain.clone(),
                 source,
             };
@@ -186,7 +186,7 @@ impl Snapshot {
             }
             domains.push(parsed);
         }
-        let rules = RuleSet::from_domains(domains).map_err(|source| FetchError::Rules {
+        let rules = RuleSet::from_domains(domains).map_err(|source| PollError::Rules {
             domain: "(snapshot)".into(),
             source,
         })?;
@@ -225,7 +225,7 @@ impl Snapshot {
         };
         let size = std::fs::metadata(path).map_err(io)?.len();
         if size > max_bytes as u64 {
-            return Err(invalid(FetchError::TooLarge(max_bytes)));
+            return Err(invalid(PollError::TooLarge(max_bytes)));
         }
         let json = std::fs::read(path).map_err(io)?;
         Self::from_json(json.into()).map_err(invalid)
@@ -268,7 +268,7 @@ impl Snapshot {
 ///
 /// ```no_run
 /// use sluice_rules_client::{Fetched, RulesSource};
-/// # async fn run(source: RulesSource, held: Option<u64>) -> Result<(), sluice_rules_client::FetchError> {
+/// # async fn run(source: RulesSource, held: Option<u64>) -> Result<(), sluice_rules_client::PollError> {
 /// match source.fetch(held).await? {
 ///     Fetched::Unchanged => {}
 ///     Fetched::Changed(snapshot) => println!("revision {}: {} rules", snapshot.revision, snapshot.rules.len()),
@@ -391,7 +391,7 @@ impl RulesSource {
     /// # Example
     /// ```no_run
     /// use sluice_rules_client::RulesSource;
-    /// # async fn run(source: RulesSource) -> Result<(), sluice_rules_client::FetchError> {
+    /// # async fn run(source: RulesSource) -> Result<(), sluice_rules_client::PollError> {
     /// let (status, _headers, body) = source
     ///     .forward(http::Method::GET, "domains?limit=10", Vec::new(), bytes::Bytes::new())
     ///     .await?;
@@ -405,12 +405,12 @@ impl RulesSource {
         path: &str,
         headers: Vec<(header::HeaderName, header::HeaderValue)>,
         body: Bytes,
-    ) -> Result<(StatusCode, header::HeaderMap, Bytes), FetchError> {
+    ) -> Result<(StatusCode, header::HeaderMap, Bytes), PollError> {
         let path = format!("{}/v1/{}", self.base, path.trim_start_matches('/'));
         let sent = crate::client::send(method, &self.authority, &path, headers, body, self.max_bytes);
         match tokio::time::timeout(self.timeout, sent).await {
             Ok(answer) => answer,
-            Err(_) => Err(FetchError::Timeout(self.timeout)),
+            Err(_) => Err(PollError::Timeout(self.timeout)),
         }
     }
 
@@ -423,30 +423,30 @@ impl RulesSource {
     ///
     /// # Example
     /// ```
-    /// use sluice_rules_client::{FetchError, RulesSource};
+    /// use sluice_rules_client::{PollError, RulesSource};
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
     /// // Nothing listens on port 9 of this host: the poll fails, and says where it went.
     /// let source = RulesSource::new("http://127.0.0.1:9", None).unwrap();
     /// let failed = source.fetch(None).await.unwrap_err();
-    /// assert!(matches!(failed, FetchError::Connect { .. } | FetchError::Timeout(_)), "{failed}");
+    /// assert!(matches!(failed, PollError::Connect { .. } | PollError::Timeout(_)), "{failed}");
     /// # }
     /// ```
-    pub async fn fetch(&self, known: Option<u64>) -> Result<Fetched, FetchError> {
+    pub async fn fetch(&self, known: Option<u64>) -> Result<Fetched, PollError> {
         match tokio::time::timeout(self.timeout, self.exchange(known)).await {
             Ok(answer) => answer,
-            Err(_) => Err(FetchError::Timeout(self.timeout)),
+            Err(_) => Err(PollError::Timeout(self.timeout)),
         }
     }
 
-    async fn exchange(&self, known: Option<u64>) -> Result<Fetched, FetchError> {
+    async fn exchange(&self, known: Option<u64>) -> Result<Fetched, PollError> {
         let mut headers = Vec::with_capacity(2);
         if let Some(authorization) = &self.authorization {
             headers.push((header::AUTHORIZATION, authorization.clone()));
         }
         if let Some(revision) = known {
             let etag = header::HeaderValue::from_str(&format!("\"{revision}\""))
-                .map_err(|e| FetchError::Http(e.to_string()))?;
+                .map_err(|e| PollError::Http(e.to_string()))?;
             headers.push((header::IF_NONE_MATCH, etag));
         }
         let (status, body) = crate::client::get(&self.authority, &self.path, headers, self.max_bytes).await?;
@@ -455,10 +455,10 @@ impl RulesSource {
         }
         match status {
             StatusCode::OK => Snapshot::from_json(body).map(Fetched::Changed),
-            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => Err(FetchError::Refused {
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => Err(PollError::Refused {
                 status: status.as_u16(),
             }),
-            _ => Err(FetchError::Status {
+            _ => Err(PollError::Status {
                 status: status.as_u16(),
                 detail: String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned(),
             }),

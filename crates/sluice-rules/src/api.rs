@@ -112,24 +112,8 @@ impl<S: RuleStore + Send + Sync + 'static> RulesApi<S> {
     }
 }
 
-#[derive(Serialize)]
-struct Problem<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    title: &'a str,
-    status: u16,
-    detail: String,
-}
-
-fn problem(status: StatusCode, title: &str, detail: impl Into<String>) -> Response {
-    let body = Problem {
-        kind: "about:blank",
-        title,
-        status: status.as_u16(),
-        detail: detail.into(),
-    };
-    let text = serde_json::to_string(&body).unwrap_or_default();
-    (status, [(header::CONTENT_TYPE, "application/problem+json")], text).into_response()
+fn problem(status: StatusCode, title: &str, detail: impl AsRef<str>) -> Response {
+    sluice_http::problem(status, title, detail.as_ref()).into_response()
 }
 
 fn store_problem(error: StoreError) -> Response {

@@ -31,7 +31,7 @@ pub struct AppliedLimit {
     /// The rule's place in the rules.
     pub rule: sluice_descriptors::RuleId,
     /// Counted and reported, never denying.
-    pub shadow: bool,
+    pub shadow_mode: bool,
 }
 
 /// One descriptor's answer.
@@ -58,7 +58,7 @@ pub struct Verdict {
     /// One per descriptor, in order.
     pub statuses: Vec<DescriptorStatus>,
     /// The rate-limit fields for the client's response, from the most restrictive status.
-    pub fields: Vec<(String, String)>,
+    pub headers: Vec<(String, String)>,
 }
 
 /// One descriptor's answer while the rules it was decided on are at hand.
@@ -165,7 +165,7 @@ impl<'g> Status<'g> {
                 quota: self.quota,
                 name: rule.name.clone(),
                 rule: rule.id.clone(),
-                shadow: rule.shadow_mode,
+                shadow_mode: rule.shadow_mode,
             }),
             remaining: d.remaining(),
             reset_after: d.reset_after(),
@@ -191,8 +191,8 @@ pub(crate) struct Outcome<'a, 'g> {
 }
 
 impl Outcome<'_, '_> {
-    /// The answer for the wire, with the fields of `fields`.
-    pub(crate) fn to_verdict(&self, fields: FieldSet) -> Verdict {
+    /// The answer for the wire, with the header fields of `headers`.
+    pub(crate) fn to_verdict(&self, headers: FieldSet) -> Verdict {
         let mut counted = self.counts.iter().zip(self.statuses).peekable();
         let statuses = (0..self.descriptors)
             .map(|index| match counted.next_if(|(count, _)| count.index == index) {
@@ -203,13 +203,13 @@ impl Outcome<'_, '_> {
         Verdict {
             overall: if self.denied { Code::OverLimit } else { Code::Ok },
             statuses,
-            fields: self.fields(fields),
+            headers: self.headers(headers),
         }
     }
 
-    /// The fields of the most restrictive status: a denying one, else the limited one with
+    /// The header fields of the most restrictive status: a denying one, else the limited one with
     /// the fewest units left.
-    fn fields(&self, set: FieldSet) -> Vec<(String, String)> {
+    fn headers(&self, set: FieldSet) -> Vec<(String, String)> {
         if set == FieldSet::None {
             return Vec::new();
         }

@@ -16,6 +16,7 @@ use axum::routing::post;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
+use crate::request::WireDescriptor;
 use crate::{CheckRequest, Code, DescriptorRequest, DescriptorStatus, Engine, Verdict};
 
 /// The largest request body read.
@@ -132,24 +133,8 @@ struct LimitBody {
     shadow_mode: bool,
 }
 
-#[derive(Serialize)]
-struct Problem {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    title: &'static str,
-    status: u16,
-    detail: String,
-}
-
 fn problem(status: StatusCode, title: &'static str, detail: String) -> Response {
-    let body = Problem {
-        kind: "about:blank",
-        title,
-        status: status.as_u16(),
-        detail,
-    };
-    let text = serde_json::to_string(&body).unwrap_or_default();
-    (status, [(header::CONTENT_TYPE, "application/problem+json")], text).into_response()
+    sluice_http::problem(status, title, &detail).into_response()
 }
 
 async fn check(
@@ -230,34 +215,21 @@ fn asks_peek(uri: &Uri) -> bool {
 }
 
 fn to_request(body: CheckBody) -> Result<CheckRequest, String> {
-    let descriptors = body
-        .descriptors
-        .into_iter()
-        .enumerate()
-        .map(|(index, descriptor)| {
-            let limit = descriptor
-                .limit
-                .map(|text| {
-                    text.parse::<sluice::Quota>()
-                        .map_err(|e| format!("descriptors[{index}].limit: {e}"))
-                })
-                .transpose()?;
-            Ok(DescriptorRequest {
-                entries: descriptor
-                    .entries
-                    .into_iter()
-                    .map(|entry| (entry.key, entry.value))
-                    .collect(),
-                hits: descriptor.hits,
-                limit,
-            })
+    CheckRequest::from_wire(body.domain, body.descriptors, body.hits)
+}
+
+impl WireDescriptor for DescriptorBody {
+    fn into_request(self) -> Result<DescriptorRequest, String> {
+        let limit = (self.limit.map(|text| text.parse::<sluice::Quota>()).transpose())
+            .map_err(|e| format!("limit: {e}"))?;
+        Ok(DescriptorRequest {
+            entries: (self.entries.into_iter())
+                .map(|entry| (entry.key, entry.value))
+                .collect(),
+            hits: self.hits,
+            limit,
         })
-        .collect::<Result<_, String>>()?;
-    Ok(CheckRequest {
-        domain: body.domain,
-        descriptors,
-        hits: body.hits,
-    })
+    }
 }
 
 fn code_text(code: Code) -> &'static str {
@@ -298,7 +270,7 @@ fn status_body(status: &DescriptorStatus) -> StatusBody {
         current_limit: status.limit.as_ref().map(|limit| LimitBody {
             name: limit.name.clone(),
             quota: quota_text(limit.quota),
-            shadow_mode: limit.shadow,
+            shadow_mode: limit.shadow_mode,
         }),
         limit_remaining: status.remaining,
         duration_until_reset_ms: millis(status.reset_after),
@@ -311,7 +283,7 @@ fn to_body(verdict: Verdict) -> VerdictBody {
         overall_code: code_text(verdict.overall),
         statuses: verdict.statuses.iter().map(status_body).collect(),
         headers: verdict
-            .fields
+            .headers
             .into_iter()
             .map(|(name, value)| HeaderBody { name, value })
             .collect(),

@@ -20,7 +20,7 @@ use crate::store::RedisCounters;
 /// Why an engine could not be built (or a reload was refused: the running rules stay).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum BuildError {
+pub enum EngineError {
     /// A memory limiter refused a setting.
     #[error(transparent)]
     Keyed(#[from] KeyedBuildError),
@@ -108,7 +108,7 @@ pub struct RuleReport {
     /// Its limit.
     pub limit: Limit,
     /// In shadow mode.
-    pub shadow: bool,
+    pub shadow_mode: bool,
     /// Its decisions so far (since it took this place, across reloads).
     pub counts: RuleCounts,
 }
@@ -118,7 +118,7 @@ impl Engine {
     ///
     /// # Errors
     /// A limiter could not be built with the settings.
-    pub fn new(rules: RuleSet, settings: EngineSettings) -> Result<Self, BuildError> {
+    pub fn new(rules: RuleSet, settings: EngineSettings) -> Result<Self, EngineError> {
         let generation = Generation::build(rules, &settings, None, None)?;
         Ok(Self::around(generation, settings, None))
     }
@@ -137,7 +137,7 @@ impl Engine {
         rules: RuleSet,
         settings: EngineSettings,
         redis: RedisCounters,
-    ) -> Result<Self, BuildError> {
+    ) -> Result<Self, EngineError> {
         let generation = Generation::build(rules, &settings, Some(&redis), None)?;
         Ok(Self::around(generation, settings, Some(redis)))
     }
@@ -205,7 +205,7 @@ impl Engine {
     /// # Errors
     /// A limiter could not be built, or (on Redis) a rule cannot be counted there; the
     /// running rules stay.
-    pub fn reload(&self, rules: RuleSet) -> Result<Reloaded, BuildError> {
+    pub fn reload(&self, rules: RuleSet) -> Result<Reloaded, EngineError> {
         let old = self.current.load_full();
         let next = Arc::new(Generation::build(
             rules,
@@ -276,7 +276,7 @@ impl Engine {
                 rule: rule.id.clone(),
                 name: rule.name.clone(),
                 limit: rule.limit,
-                shadow: rule.shadow_mode,
+                shadow_mode: rule.shadow_mode,
                 counts: generation
                     .stats
                     .get(&rule.id)
@@ -367,14 +367,14 @@ impl Engine {
         request: &CheckRequest,
         peek: bool,
     ) -> Result<Verdict, RequestError> {
-        let fields = self.settings.fields;
+        let headers = self.settings.headers;
         let entries = request.entries();
         let descriptors = request.descriptors(&entries);
         let view = Request {
             domain: &request.domain,
             descriptors: &descriptors,
         };
-        self.decide(front, view, peek, move |outcome| outcome.to_verdict(fields))
+        self.decide(front, view, peek, move |outcome| outcome.to_verdict(headers))
             .answer()
             .await
     }

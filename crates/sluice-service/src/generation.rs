@@ -8,7 +8,7 @@ use sluice_descriptors::{Limit, RuleId, RuleSet};
 use sluice_http::FieldPolicy;
 
 use crate::counters::{self, QuotaTable, RuleQuotas};
-use crate::engine::BuildError;
+use crate::engine::EngineError;
 use crate::settings::EngineSettings;
 use crate::stats::RuleStats;
 use crate::store::{CounterStore, InMemory, OnRedis, RedisCounters};
@@ -40,7 +40,7 @@ impl Generation {
         settings: &EngineSettings,
         redis: Option<&RedisCounters>,
         previous: Option<&Generation>,
-    ) -> Result<Self, BuildError> {
+    ) -> Result<Self, EngineError> {
         let stats = rules
             .rules()
             .map(|rule| {
@@ -55,7 +55,7 @@ impl Generation {
             let kind = rule.algorithm.unwrap_or(settings.algorithm);
             if let Limit::Quota(quota) = rule.limit {
                 if redis.is_some() {
-                    sluice_redis::check_quota(kind, &quota).map_err(|source| BuildError::Redis {
+                    sluice_redis::check_quota(kind, &quota).map_err(|source| EngineError::Redis {
                         rule: rule.id.to_string(),
                         source: Box::new(source),
                     })?;
@@ -104,7 +104,7 @@ impl Generation {
             (Some(redis), _) => {
                 let quotas = RuleQuotas::new(table, settings.counters.fetch_latency);
                 let store = OnRedis::build(&kinds, &quotas, redis, settings.counters)
-                    .map_err(|e| BuildError::RedisLimiter(Box::new(e)))?;
+                    .map_err(|e| EngineError::RedisLimiter(Box::new(e)))?;
                 (quotas, Box::new(store))
             }
         };

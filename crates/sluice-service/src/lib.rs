@@ -30,7 +30,7 @@ mod store;
 pub use answer::{AppliedLimit, Code, DescriptorStatus, Verdict};
 pub use api::{CheckApi, MAX_BODY_BYTES};
 pub use counters::{CounterSettings, ValueQuotaSource, ValueQuotas};
-pub use engine::{BuildError, Engine, Reloaded, RuleReport};
+pub use engine::{Engine, EngineError, Reloaded, RuleReport};
 pub use layer::LayerBackend;
 pub use request::{CheckRequest, DescriptorRequest, RequestBounds, RequestError};
 pub use rls::{MAX_MESSAGE_BYTES, RateLimitService, SHOULD_RATE_LIMIT};

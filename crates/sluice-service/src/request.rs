@@ -105,7 +105,34 @@ pub(crate) struct Request<'a> {
     pub(crate) descriptors: &'a [Descriptor<'a>],
 }
 
+/// One descriptor as a front end reads it off the wire (RLS's protobuf, the check API's
+/// JSON): each says how its own fields become a [`DescriptorRequest`], and
+/// [`CheckRequest::from_wire`] does the rest once for both.
+pub(crate) trait WireDescriptor {
+    /// The descriptor, or what is wrong with it as `field: why` (`limit: unit 9 is not a unit`).
+    fn into_request(self) -> Result<DescriptorRequest, String>;
+}
+
 impl CheckRequest {
+    /// The request of `domain` over `descriptors`; an error names the descriptor at fault by
+    /// its place (`descriptors[2].limit: ...`).
+    pub(crate) fn from_wire<D: WireDescriptor>(
+        domain: String,
+        descriptors: Vec<D>,
+        hits: Option<u64>,
+    ) -> Result<Self, String> {
+        let descriptors = (descriptors.into_iter().enumerate())
+            .map(|(index, descriptor)| {
+                (descriptor.into_request()).map_err(|why| format!("descriptors[{index}].{why}"))
+            })
+            .collect::<Result<_, String>>()?;
+        Ok(Self {
+            domain,
+            descriptors,
+            hits,
+        })
+    }
+
     /// Each descriptor's entries, borrowed as the engine reads them.
     pub(crate) fn entries(&self) -> Vec<Vec<Entry<'_>>> {
         (self.descriptors.iter())

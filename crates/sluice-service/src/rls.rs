@@ -14,6 +14,7 @@ use tonic::server::{Grpc, NamedService, UnaryService};
 use tonic::{Status, codegen::BoxFuture};
 
 use crate::proto::{self, Unit};
+use crate::request::WireDescriptor;
 use crate::{CheckRequest, Code, DescriptorRequest, DescriptorStatus, Engine, RequestError, Verdict};
 
 /// The gRPC path of `ShouldRateLimit`.
@@ -130,39 +131,24 @@ fn invalid(error: RequestError) -> Status {
 
 /// The request as the engine reads it: strings moved, not copied.
 fn from_proto(request: proto::RateLimitRequest) -> Result<CheckRequest, Status> {
-    let descriptors = request
-        .descriptors
-        .into_iter()
-        .enumerate()
-        .map(|(index, descriptor)| {
-            if descriptor.is_negative_hits {
-                return Err(Status::invalid_argument(format!(
-                    "descriptors[{index}].is_negative_hits is not supported"
-                )));
-            }
-            let limit = descriptor
-                .limit
-                .map(|limit| {
-                    override_quota(limit)
-                        .map_err(|e| Status::invalid_argument(format!("descriptors[{index}].limit: {e}")))
-                })
-                .transpose()?;
-            Ok(DescriptorRequest {
-                entries: descriptor
-                    .entries
-                    .into_iter()
-                    .map(|entry| (entry.key, entry.value))
-                    .collect(),
-                hits: descriptor.hits_addend.map(|hits| hits.value),
-                limit,
-            })
+    let hits = Some(u64::from(request.hits_addend));
+    CheckRequest::from_wire(request.domain, request.descriptors, hits).map_err(Status::invalid_argument)
+}
+
+impl WireDescriptor for proto::RateLimitDescriptor {
+    fn into_request(self) -> Result<DescriptorRequest, String> {
+        if self.is_negative_hits {
+            return Err("is_negative_hits is not supported".to_string());
+        }
+        let limit = (self.limit.map(override_quota).transpose()).map_err(|e| format!("limit: {e}"))?;
+        Ok(DescriptorRequest {
+            entries: (self.entries.into_iter())
+                .map(|entry| (entry.key, entry.value))
+                .collect(),
+            hits: self.hits_addend.map(|hits| hits.value),
+            limit,
         })
-        .collect::<Result<_, Status>>()?;
-    Ok(CheckRequest {
-        domain: request.domain,
-        descriptors,
-        hits: Some(u64::from(request.hits_addend)),
-    })
+    }
 }
 
 /// The quota of a descriptor's `limit` override.
@@ -183,7 +169,7 @@ fn to_proto(verdict: Verdict) -> proto::RateLimitResponse {
         overall_code: code(verdict.overall),
         statuses: verdict.statuses.iter().map(status).collect(),
         response_headers_to_add: verdict
-            .fields
+            .headers
             .into_iter()
             .map(|(key, value)| proto::HeaderValue { key, value })
             .collect(),

@@ -16,8 +16,8 @@ pub struct EngineSettings {
     pub algorithm: AlgorithmKind,
     /// How a request's descriptors are counted.
     pub counting: Counting,
-    /// The fields answers carry.
-    pub fields: FieldSet,
+    /// The rate-limit header fields answers carry (`rls.headers`).
+    pub headers: FieldSet,
     /// Bounds on a request.
     pub bounds: RequestBounds,
     /// The counters' bounds.
@@ -37,7 +37,7 @@ impl Default for EngineSettings {
         Self {
             algorithm: AlgorithmKind::TokenBucket,
             counting: Counting::default(),
-            fields: FieldSet::default(),
+            headers: FieldSet::default(),
             bounds: RequestBounds::default(),
             counters: CounterSettings::default(),
             by_value: None,

@@ -9,7 +9,7 @@ use redis_support::RedisServer;
 use sluice_descriptors::RuleSet;
 use sluice_redis::{FailurePolicy, RedisOptions, RedisStore};
 use sluice_service::{
-    BuildError, CheckRequest, Code, Counting, DescriptorRequest, Engine, EngineSettings, RedisCounters,
+    CheckRequest, Code, Counting, DescriptorRequest, Engine, EngineError, EngineSettings, RedisCounters,
 };
 
 const RULES: &str = "
@@ -137,7 +137,7 @@ async fn a_rule_redis_cannot_hold_is_refused_by_its_place() {
     )
     .unwrap();
     let error = Engine::on_redis(rules, EngineSettings::default(), RedisCounters::new(store)).unwrap_err();
-    assert!(matches!(error, BuildError::Redis { .. }), "{error:?}");
+    assert!(matches!(error, EngineError::Redis { .. }), "{error:?}");
     let message = error.to_string();
     assert!(message.starts_with("rule d: k=v: quota 100000/day"), "{message}");
     assert!(message.contains("too large for the Redis backend"), "{message}");

@@ -45,7 +45,7 @@ async fn serve(counting: Counting) -> RateLimitServiceClient<Channel> {
     let rules = RuleSet::from_yaml(RULES).unwrap();
     let settings = EngineSettings {
         counting,
-        fields: FieldSet::All,
+        headers: FieldSet::All,
         ..EngineSettings::default()
     };
     let engine = Arc::new(Engine::new(rules, settings).unwrap());

@@ -26,15 +26,15 @@ pub const DEFAULT_IPV6_PREFIX: u8 = 64;
 /// # Example
 /// ```
 /// use sluice::{KeyedLimiter, TokenBucket};
-/// use sluice_http::{BuildError, RateLimitLayer};
+/// use sluice_http::{LayerBuildError, RateLimitLayer};
 /// let limiter = KeyedLimiter::<String, _>::builder(TokenBucket, "1/s".parse()?).build()?;
 /// let refused = RateLimitLayer::builder(limiter).key([]).build();
-/// assert_eq!(refused.unwrap_err(), BuildError::NoKeyParts);
+/// assert_eq!(refused.unwrap_err(), LayerBuildError::NoKeyParts);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum BuildError {
+pub enum LayerBuildError {
     /// No key part was given.
     #[error("the key needs at least one part (header:NAME, bearer or ip)")]
     NoKeyParts,
@@ -259,23 +259,23 @@ impl RateLimitBuilder {
     /// The layer.
     ///
     /// # Errors
-    /// [`BuildError`] for no key part, a bad maximum length, default key, policy name or IPv6
+    /// [`LayerBuildError`] for no key part, a bad maximum length, default key, policy name or IPv6
     /// prefix.
-    pub fn build(self) -> Result<RateLimitLayer, BuildError> {
+    pub fn build(self) -> Result<RateLimitLayer, LayerBuildError> {
         if self.parts.is_empty() {
-            return Err(BuildError::NoKeyParts);
+            return Err(LayerBuildError::NoKeyParts);
         }
         if self.max_key_len == 0 || self.max_key_len > MAX_KEY_LEN {
-            return Err(BuildError::MaxKeyLength(self.max_key_len));
+            return Err(LayerBuildError::MaxKeyLength(self.max_key_len));
         }
         if self.default_key.is_empty() || self.default_key.len() > self.max_key_len {
-            return Err(BuildError::DefaultKey(self.default_key));
+            return Err(LayerBuildError::DefaultKey(self.default_key));
         }
         if !valid_policy_name(&self.policy_name) {
-            return Err(BuildError::PolicyName(self.policy_name));
+            return Err(LayerBuildError::PolicyName(self.policy_name));
         }
         if !(1..=128).contains(&self.ipv6_prefix) {
-            return Err(BuildError::Ipv6Prefix(self.ipv6_prefix));
+            return Err(LayerBuildError::Ipv6Prefix(self.ipv6_prefix));
         }
         let by_key: std::collections::HashMap<_, _, _> = self
             .on_excess_by_key

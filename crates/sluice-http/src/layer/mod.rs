@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
-pub use builder::{BuildError, DEFAULT_IPV6_PREFIX, PeerAddrReader, RateLimitBuilder};
+pub use builder::{DEFAULT_IPV6_PREFIX, LayerBuildError, PeerAddrReader, RateLimitBuilder};
 pub use future::ResponseFuture;
 pub use gatekeeper::EXCEEDED_BODY;
 use gatekeeper::Gatekeeper;
