@@ -106,3 +106,91 @@ fn keys_take_the_quota_services_answer_after_the_failsafe_and_keep_it_when_it_fa
     });
     server.wait_for_log("quota fetch failed");
 }
+
+fn sample(metrics: &str, metric: &str) -> u64 {
+    (metrics.lines())
+        .find(|line| line.starts_with(metric))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no {metric} in:\n{metrics}"))
+}
+
+/// The quota service hung (the connection accepted, never an answer) and then slow (answers
+/// after the fetch timeout), behind a fault relay: every request is answered at once, each
+/// fetch ends at `fetch_timeout`, and the keys nobody could fetch share the failsafe pool, so a
+/// flood of them gets the pool's units in total, not a failsafe quota each.
+#[test]
+fn a_hung_or_slow_quota_service_costs_new_keys_at_most_the_failsafe_pool() {
+    use common::fault::{Fault, FaultProxy};
+    use std::time::{Duration, Instant};
+
+    let service = QuotaService::start(HashMap::from([("zed%40example.com", "3/min")]));
+    let upstream = (service.url.strip_prefix("http://").unwrap())
+        .split('/')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let proxy = FaultProxy::start(upstream);
+    let dir = TempDir::new();
+    let config = dir.write(
+        "sluice.yaml",
+        &format!(
+            "accounts: {{}}\naccounts_url: \"{}/quota/{{key}}\"\nfailsafe: 100/h\nfailsafe_pool: 5/h\nunknown: 0/s\nfetch_latency: 0s\nfetch_timeout: 300ms\nrefresh: 1h\nadmin: {{listen: 127.0.0.1:0}}\n",
+            proxy.http_url()
+        ),
+    );
+    let server = Server::start(&["--config", config.to_str().unwrap(), "--threads", "1"]);
+    let metrics = || {
+        common::Client::connect(server.admin.unwrap())
+            .get("/metrics", &[])
+            .body
+    };
+
+    for (round, fault) in [Fault::Stall, Fault::Latency(Duration::from_secs(2))]
+        .into_iter()
+        .enumerate()
+    {
+        proxy.set(fault);
+        let failed_before = sample(&metrics(), "sluice_quota_fetch_errors");
+        // A flood of new keys, one request each: the pool (5 an hour, over both rounds) is all
+        // they get together.
+        let mut admitted = 0;
+        for n in 0..20 {
+            let start = Instant::now();
+            let response = server
+                .client()
+                .as_account(Some(&format!("new-{round}-{n}@example.com")));
+            assert!(
+                start.elapsed() < Duration::from_secs(1),
+                "{fault:?}: an answer took {:?}",
+                start.elapsed()
+            );
+            admitted += u64::from(response.status == 200);
+        }
+        let expected = if round == 0 { 5 } else { 0 };
+        assert_eq!(admitted, expected, "{fault:?}: admitted under the failsafe pool");
+        // Every fetch ends at the timeout (the limiter's or the HTTP client's, whichever
+        // fires first), not when the service answers (never, or in 2 s).
+        let (start, timeout) = (Instant::now(), Duration::from_millis(300));
+        wait_until(&format!("{fault:?}: 20 failed fetches"), || {
+            sample(&metrics(), "sluice_quota_fetch_errors") >= failed_before + 20
+        });
+        assert!(
+            start.elapsed() < timeout + Duration::from_secs(1),
+            "{fault:?}: the fetches ended after {:?}",
+            start.elapsed()
+        );
+        assert_eq!(sample(&metrics(), "sluice_quota_fetches_in_flight"), 0);
+    }
+
+    // The service answers again (once the one-at-a-time test service has read the 40 requests
+    // the relay held): a new key's fetch brings its quota.
+    proxy.set(Fault::None);
+    wait_until("the held requests to reach the service", || {
+        service.asked().len() >= 40
+    });
+    wait_until("zed's quota from the service", || {
+        policy_of(&server, "zed@example.com") == "\"default\";q=3;w=60"
+    });
+}
