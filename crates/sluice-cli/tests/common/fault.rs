@@ -17,7 +17,7 @@
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 /// What the relay does to the traffic from now on.
@@ -38,10 +38,11 @@ pub const GARBAGE: &[u8] = b"\x00\xffnot a protocol\r\n\x1b[2J";
 const POLL: Duration = Duration::from_millis(5);
 
 struct Shared {
-    upstream: SocketAddr,
+    upstream: Mutex<SocketAddr>,
     fault: Mutex<Fault>,
-    /// Every live connection (both ends), to reset or close them all at once.
-    live: Mutex<Vec<Arc<TcpStream>>>,
+    /// Every live connection (both ends), to reset them all at once; the relay threads own
+    /// them, so a connection both directions are done with is closed, not held here.
+    live: Mutex<Vec<Weak<TcpStream>>>,
     accepted: AtomicU64,
     closed: AtomicBool,
 }
@@ -58,7 +59,7 @@ impl FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let shared = Arc::new(Shared {
-            upstream,
+            upstream: Mutex::new(upstream),
             fault: Mutex::new(Fault::None),
             live: Mutex::new(Vec::new()),
             accepted: AtomicU64::new(0),
@@ -86,10 +87,17 @@ impl FaultProxy {
         }
     }
 
+    /// Relays new connections to `upstream` from now on (a peer restarted on another port).
+    pub fn set_upstream(&self, upstream: SocketAddr) {
+        *self.shared.upstream.lock().unwrap() = upstream;
+    }
+
     /// Resets (RST) every live connection; new ones are relayed as the fault says.
     pub fn reset_all(&self) {
         for stream in std::mem::take(&mut *self.shared.live.lock().unwrap()) {
-            reset(&stream);
+            if let Some(stream) = stream.upgrade() {
+                reset(&stream);
+            }
         }
     }
 
@@ -130,7 +138,8 @@ fn accept(listener: &TcpListener, shared: &Arc<Shared>) {
             drop(client);
             continue;
         }
-        let Ok(upstream) = TcpStream::connect(shared.upstream) else {
+        let upstream = *shared.upstream.lock().unwrap();
+        let Ok(upstream) = TcpStream::connect(upstream) else {
             reset(&client);
             continue;
         };
@@ -139,8 +148,9 @@ fn accept(listener: &TcpListener, shared: &Arc<Shared>) {
         let (client, upstream) = (Arc::new(client), Arc::new(upstream));
         {
             let mut live = shared.live.lock().unwrap();
-            live.push(Arc::clone(&client));
-            live.push(Arc::clone(&upstream));
+            live.retain(|stream| stream.strong_count() > 0);
+            live.push(Arc::downgrade(&client));
+            live.push(Arc::downgrade(&upstream));
         }
         for (from, to, answers) in [
             (Arc::clone(&client), Arc::clone(&upstream), false),
