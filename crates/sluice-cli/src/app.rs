@@ -65,7 +65,7 @@ pub enum AppError {
         /// Where the URL came from.
         field: &'static str,
         /// What went wrong.
-        source: sluice_redis::Error,
+        source: sluice_redis::SetupError,
     },
 }
 
@@ -356,7 +356,7 @@ impl ValueQuotaSource for AccountsService {
 
 pub(crate) enum RedisBackendError {
     NoUrl,
-    Redis(sluice_redis::Error),
+    Redis(sluice_redis::SetupError),
 }
 
 /// A connection to the Redis (or cluster) of the `redis:` section.

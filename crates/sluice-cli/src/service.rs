@@ -32,7 +32,7 @@ pub enum ServiceError {
     NoRedisUrl,
     /// Redis could not be used at start-up.
     #[error("redis: {0}")]
-    Redis(sluice_redis::Error),
+    Redis(sluice_redis::SetupError),
     /// The rules service could not be asked at start-up and there is no snapshot to start from.
     #[error(
         "rules.url: {url} cannot give the rules ({fetch}) and there is no snapshot to start from ({snapshot})"

@@ -141,17 +141,20 @@ pub fn visit_scripted<V: RedisAlgorithmVisitor>(
 /// ```
 ///
 /// # Errors
-/// [`Error::Unsupported`](crate::Error::Unsupported) for an algorithm without a Redis script;
-/// [`Error::QuotaTooLarge`](crate::Error::QuotaTooLarge) for a quota it cannot hold.
-pub fn check_quota(kind: AlgorithmKind, quota: &sluice::Quota) -> Result<(), crate::Error> {
+/// [`SetupError::Unsupported`](crate::SetupError::Unsupported) for an algorithm without a Redis
+/// script; [`SetupError::QuotaTooLarge`](crate::SetupError::QuotaTooLarge) for a quota it
+/// cannot hold.
+pub fn check_quota(kind: AlgorithmKind, quota: &sluice::Quota) -> Result<(), crate::SetupError> {
     struct Fits<'a>(&'a sluice::Quota);
     impl RedisAlgorithmVisitor for Fits<'_> {
-        type Output = Result<(), crate::Error>;
+        type Output = Result<(), crate::SetupError>;
         fn visit<A: RedisAlgorithm>(self, algorithm: A) -> Self::Output {
             if self.0.is_deny_all() {
                 return Ok(());
             }
-            crate::script::Plan::new(kind_of(&algorithm), self.0).map(|_| ())
+            crate::script::Plan::new(kind_of(&algorithm), self.0)
+                .map(|_| ())
+                .map_err(Into::into)
         }
     }
     visit_scripted(kind, Fits(quota))?

@@ -23,7 +23,7 @@ use sluice::saturating_nanos;
 /// ```no_run
 /// use std::time::Duration;
 /// use sluice_redis::{RedisConcurrencyLimiter, RedisStore};
-/// # async fn demo() -> Result<(), sluice_redis::Error> {
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// let store = RedisStore::connect("redis://127.0.0.1:6379", Default::default()).await?;
 /// let exports = RedisConcurrencyLimiter::new(store, "exports", 4, Duration::from_secs(30));
 /// let permit = exports.acquire(1).await?;

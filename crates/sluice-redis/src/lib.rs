@@ -50,7 +50,7 @@ pub use algorithm::{
     RedisAlgorithm, RedisAlgorithmVisitor, UnsupportedAlgorithm, check_quota, visit_scripted,
 };
 pub use concurrency::{RedisConcurrencyLimiter, RedisPermit};
-pub use error::Error;
+pub use error::{Error, QuotaTooLarge, SetupError};
 pub use hybrid::{HybridLimiter, HybridMetrics};
 pub use limiter::{RedisLimit, RedisLimiter, RedisLimiterBuilder};
 pub use metrics::RedisMetrics;

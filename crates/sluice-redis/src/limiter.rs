@@ -15,7 +15,7 @@ use crate::metrics::{LimiterCounts, RedisMetrics};
 use crate::script::{Kind, Plan};
 use crate::source::{Share, SharedSource, share};
 use crate::store::CallError;
-use crate::{Error, FailurePolicy, RedisAlgorithm, RedisOptions, RedisStore};
+use crate::{Error, FailurePolicy, QuotaTooLarge, RedisAlgorithm, RedisOptions, RedisStore, SetupError};
 
 /// Builds a [`RedisLimiter`]: algorithm, quotas, failure policy, hosts.
 ///
@@ -138,9 +138,9 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiterBuilder<A, S> {
     /// Connects to `url` and builds the limiter.
     ///
     /// # Errors
-    /// As [`RedisStore::connect`], and [`Error::QuotaTooLarge`] for a failsafe or unknown-key
-    /// quota the backend cannot hold.
-    pub async fn connect(self, url: &str, options: RedisOptions) -> Result<RedisLimiter<A, S>, Error> {
+    /// As [`RedisStore::connect`], and [`SetupError::QuotaTooLarge`] for a failsafe or
+    /// unknown-key quota the backend cannot hold.
+    pub async fn connect(self, url: &str, options: RedisOptions) -> Result<RedisLimiter<A, S>, SetupError> {
         let store = RedisStore::connect(url, options).await?;
         self.build(store)
     }
@@ -148,8 +148,9 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiterBuilder<A, S> {
     /// Builds the limiter on an existing connection (several limiters may share one).
     ///
     /// # Errors
-    /// [`Error::QuotaTooLarge`] for a failsafe or unknown-key quota the backend cannot hold.
-    pub fn build(self, store: RedisStore) -> Result<RedisLimiter<A, S>, Error> {
+    /// [`SetupError::QuotaTooLarge`] for a failsafe or unknown-key quota the backend cannot
+    /// hold.
+    pub fn build(self, store: RedisStore) -> Result<RedisLimiter<A, S>, SetupError> {
         let kind = kind_of(&self.algorithm);
         for quota in [self.failsafe, self.unknown] {
             if !quota.is_deny_all() {
@@ -351,7 +352,7 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiter<A, S> {
         }
         match Plan::new(self.inner.kind, &quota) {
             Ok(plan) => Prepared::Plan(quota, plan),
-            Err(e) => Prepared::Done(Err(e)),
+            Err(e) => Prepared::Done(Err(e.into())),
         }
     }
 
@@ -361,7 +362,7 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiter<A, S> {
     }
 
     /// The script arguments of a quota (not [`Quota::deny_all`]) under this limiter's algorithm.
-    pub(crate) fn plan(&self, quota: &Quota) -> Result<Plan, Error> {
+    pub(crate) fn plan(&self, quota: &Quota) -> Result<Plan, QuotaTooLarge> {
         Plan::new(self.inner.kind, quota)
     }
 

@@ -2,7 +2,7 @@
 //!
 //! Redis runs Lua numbers as doubles, exact for integers below 2^53. Every value a script
 //! computes is kept below [`EXACT_LIMIT`] (2^50, leaving room for sums), and quotas that could
-//! not be held so are refused with [`Error::QuotaTooLarge`]. Precision:
+//! not be held so are refused with [`QuotaTooLarge`]. Precision:
 //!
 //! - token bucket (GCRA): exact. Time is Redis' clock in microseconds; the bucket counts in
 //!   units of `1/k` µs, where `k` is chosen (from the quota's exact rate) so one unit of cost
@@ -27,7 +27,7 @@ use std::sync::LazyLock;
 use redis::Script;
 use sluice::{Decision, Quota};
 
-use crate::Error;
+use crate::QuotaTooLarge;
 
 /// The bound kept on every number a script handles.
 pub(crate) const EXACT_LIMIT: u64 = 1 << 50;
@@ -97,8 +97,8 @@ enum Shape {
     Window { micros: u64 },
 }
 
-fn too_large(quota: &Quota, reason: &'static str) -> Error {
-    Error::QuotaTooLarge {
+fn too_large(quota: &Quota, reason: &'static str) -> QuotaTooLarge {
+    QuotaTooLarge {
         quota: *quota,
         reason,
     }
@@ -106,7 +106,7 @@ fn too_large(quota: &Quota, reason: &'static str) -> Error {
 
 impl Plan {
     /// Compiles a quota that is not [`Quota::deny_all`].
-    pub(crate) fn new(kind: Kind, quota: &Quota) -> Result<Self, Error> {
+    pub(crate) fn new(kind: Kind, quota: &Quota) -> Result<Self, QuotaTooLarge> {
         let capacity = quota.capacity();
         let shape = match kind {
             Kind::TokenBucket => {

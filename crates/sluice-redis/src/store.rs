@@ -10,7 +10,7 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisFuture, Script, ToRedisArgs, Value};
 
-use crate::Error;
+use crate::SetupError;
 use crate::health::Health;
 use crate::sync::{read, write};
 
@@ -159,7 +159,7 @@ impl std::fmt::Display for CallError {
 ///
 /// # Example
 /// ```no_run
-/// # async fn demo() -> Result<(), sluice_redis::Error> {
+/// # async fn demo() -> Result<(), sluice_redis::SetupError> {
 /// let store = sluice_redis::RedisStore::connect("redis://127.0.0.1:6379", Default::default()).await?;
 /// assert!(!store.metrics().degraded);
 /// # Ok(()) }
@@ -194,10 +194,10 @@ impl RedisStore {
     /// and checks that it answers.
     ///
     /// # Errors
-    /// [`Error::BadUrl`] for a malformed URL, [`Error::Connect`] if Redis does not answer within
+    /// [`SetupError::BadUrl`] for a malformed URL, [`SetupError::Connect`] if Redis does not answer within
     /// `options.connect_timeout`.
-    pub async fn connect(url: &str, options: RedisOptions) -> Result<Self, Error> {
-        let client = Client::open(url).map_err(|source| Error::BadUrl {
+    pub async fn connect(url: &str, options: RedisOptions) -> Result<Self, SetupError> {
+        let client = Client::open(url).map_err(|source| SetupError::BadUrl {
             url: url.to_string(),
             reason: source.to_string(),
         })?;
@@ -211,27 +211,27 @@ impl RedisStore {
     ///
     /// # Example
     /// ```no_run
-    /// # async fn demo() -> Result<(), sluice_redis::Error> {
+    /// # async fn demo() -> Result<(), sluice_redis::SetupError> {
     /// let nodes = ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"];
     /// let store = sluice_redis::RedisStore::connect_cluster(&nodes, Default::default()).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn connect_cluster(urls: &[&str], options: RedisOptions) -> Result<Self, Error> {
+    pub async fn connect_cluster(urls: &[&str], options: RedisOptions) -> Result<Self, SetupError> {
         let joined = urls.join(",");
         let client = ClusterClient::builder(urls.iter().copied())
             .connection_timeout(options.connect_timeout)
             .response_timeout(options.timeout)
             .retries(1)
             .build()
-            .map_err(|source| Error::BadUrl {
+            .map_err(|source| SetupError::BadUrl {
                 url: joined.clone(),
                 reason: source.to_string(),
             })?;
         Self::start(joined, Target::Cluster(client), options).await
     }
 
-    async fn start(url: String, target: Target, options: RedisOptions) -> Result<Self, Error> {
-        let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::Connect {
+    async fn start(url: String, target: Target, options: RedisOptions) -> Result<Self, SetupError> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| SetupError::Connect {
             url: url.clone(),
             reason: "the Redis backend must run within a tokio runtime".to_string(),
         })?;
@@ -253,11 +253,11 @@ impl RedisStore {
         };
         match tokio::time::timeout(connect_timeout, ping).await {
             Ok(Ok(())) => Ok(store),
-            Ok(Err(e)) => Err(Error::Connect {
+            Ok(Err(e)) => Err(SetupError::Connect {
                 url,
                 reason: e.to_string(),
             }),
-            Err(_) => Err(Error::Connect {
+            Err(_) => Err(SetupError::Connect {
                 url,
                 reason: format!("no answer within {connect_timeout:?}"),
             }),

@@ -10,7 +10,7 @@ use sluice::{
     CheckError, FetchResult, FixedWindow, FnSource, ManualClock, Quota, SlidingWindowCounter,
     SlidingWindowLog, StaticQuotas, TokenBucket,
 };
-use sluice_redis::{Error, RedisAlgorithm, RedisLimiter, RedisOptions, RedisStore};
+use sluice_redis::{Error, RedisAlgorithm, RedisLimiter, RedisOptions, RedisStore, SetupError};
 use support::{RedisCluster, RedisServer};
 
 /// A limit of 100 whose refill (1 a day) and window (100 days) cannot interfere with a test.
@@ -360,7 +360,7 @@ async fn a_bad_url_is_a_clear_error_at_start_up() {
         ..RedisOptions::default()
     };
     match RedisStore::connect("http://example", options.clone()).await {
-        Err(e @ Error::BadUrl { .. }) => assert!(e.to_string().contains("http://example"), "{e}"),
+        Err(e @ SetupError::BadUrl { .. }) => assert!(e.to_string().contains("http://example"), "{e}"),
         other => panic!("expected BadUrl, got {other:?}"),
     }
     // Nothing listens on a port just freed.
@@ -371,7 +371,7 @@ async fn a_bad_url_is_a_clear_error_at_start_up() {
         .port();
     let url = format!("redis://127.0.0.1:{port}");
     match RedisStore::connect(&url, options).await {
-        Err(e @ Error::Connect { .. }) => assert!(e.to_string().contains(&url), "{e}"),
+        Err(e @ SetupError::Connect { .. }) => assert!(e.to_string().contains(&url), "{e}"),
         other => panic!("expected Connect, got {other:?}"),
     }
 }

@@ -30,11 +30,11 @@ pub enum EngineError {
         /// The rule, as its place in the rules reads.
         rule: String,
         /// Why.
-        source: Box<sluice_redis::Error>,
+        source: Box<sluice_redis::SetupError>,
     },
     /// A Redis limiter could not be built.
     #[error("redis: {0}")]
-    RedisLimiter(Box<sluice_redis::Error>),
+    RedisLimiter(Box<sluice_redis::SetupError>),
 }
 
 /// The decision engine: rules, and the counters of every limit they set (in memory, or on

@@ -118,10 +118,10 @@ fn build(
     quotas: RuleQuotas,
     redis: &RedisCounters,
     settings: CounterSettings,
-) -> Result<Arc<dyn SharedCounters>, sluice_redis::Error> {
+) -> Result<Arc<dyn SharedCounters>, sluice_redis::SetupError> {
     struct Build<'a>(RuleQuotas, &'a RedisCounters, CounterSettings);
     impl RedisAlgorithmVisitor for Build<'_> {
-        type Output = Result<Arc<dyn SharedCounters>, sluice_redis::Error>;
+        type Output = Result<Arc<dyn SharedCounters>, sluice_redis::SetupError>;
         fn visit<A: RedisAlgorithm>(self, algorithm: A) -> Self::Output {
             let Build(quotas, redis, settings) = self;
             // As in memory: a key whose rule is gone is admitted nothing.
@@ -155,10 +155,10 @@ impl OnRedis {
         quotas: &RuleQuotas,
         redis: &RedisCounters,
         settings: CounterSettings,
-    ) -> Result<Self, sluice_redis::Error> {
+    ) -> Result<Self, sluice_redis::SetupError> {
         let by_kind = (kinds.iter())
             .map(|&kind| Ok((kind, build(kind, quotas.clone(), redis, settings)?)))
-            .collect::<Result<_, sluice_redis::Error>>()?;
+            .collect::<Result<_, sluice_redis::SetupError>>()?;
         Ok(Self { by_kind })
     }
 
