@@ -170,11 +170,17 @@ fn a_directory_gives_one_domain_per_file_and_refuses_a_domain_twice() {
     assert!(e.contains("c.yaml: descriptors[0].rate_limit.unit"), "{e}");
 }
 
-/// A rule of the model: its path of (key, value as written), and its number.
+/// A rule of the model: its path of (key, value as written), and whether it has a limit.
 #[derive(Debug, Clone)]
 struct ModelRule {
     path: Vec<(String, Option<String>)>,
     limited: bool,
+}
+
+/// The limit of the model's rule at `index`: each rule its own (`index + 1` per second), so a
+/// match is told by its limit.
+fn model_quota(index: usize) -> String {
+    format!("{}/s", index + 1)
 }
 
 /// Envoy's walk, by linear search over every rule's path.
@@ -211,35 +217,36 @@ fn model_find(rules: &[ModelRule], entries: &[(String, String)]) -> Option<usize
 }
 
 fn yaml(rules: &[ModelRule]) -> String {
-    // Build the tree from the paths, then print it.
+    // Build the tree from the paths, then print it. A node: its step, the quota of the rule
+    // ending there if it has one, its children.
     #[derive(Default)]
-    struct Tree(Vec<((String, Option<String>), bool, Tree)>);
+    struct Tree(Vec<((String, Option<String>), Option<String>, Tree)>);
     let mut tree = Tree::default();
-    for rule in rules {
+    for (index, rule) in rules.iter().enumerate() {
         let mut level = &mut tree;
         for (i, step) in rule.path.iter().enumerate() {
             let at = match level.0.iter().position(|(s, _, _)| s == step) {
                 Some(at) => at,
                 None => {
-                    level.0.push((step.clone(), false, Tree::default()));
+                    level.0.push((step.clone(), None, Tree::default()));
                     level.0.len() - 1
                 }
             };
             if i + 1 == rule.path.len() && rule.limited {
-                level.0[at].1 = true;
+                level.0[at].1 = Some(model_quota(index));
             }
             level = &mut level.0[at].2;
         }
     }
     fn print(tree: &Tree, indent: usize, out: &mut String) {
         let pad = " ".repeat(indent);
-        for ((key, value), limited, children) in &tree.0 {
+        for ((key, value), quota, children) in &tree.0 {
             out.push_str(&format!("{pad}- key: \"{key}\"\n"));
             if let Some(value) = value {
                 out.push_str(&format!("{pad}  value: \"{value}\"\n"));
             }
-            if *limited {
-                out.push_str(&format!("{pad}  rate_limit: {{quota: 1/s}}\n"));
+            if let Some(quota) = quota {
+                out.push_str(&format!("{pad}  rate_limit: {{quota: {quota}}}\n"));
             }
             if !children.0.is_empty() {
                 out.push_str(&format!("{pad}  descriptors:\n"));
@@ -282,8 +289,9 @@ proptest! {
         for request in requests {
             let owned: Vec<(String, String)> = request.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
             let entries: Vec<Entry<'_>> = owned.iter().map(|(key, value)| Entry { key, value }).collect();
-            let found = set.find("d", &entries).is_some();
-            let expected = model_find(&rules, &owned).is_some();
+            // The rule matched, told by its limit (every rule's is its own), not only whether one did.
+            let found = set.find("d", &entries).map(|rule| rule.limit);
+            let expected = model_find(&rules, &owned).map(|index| quota(&model_quota(index)));
             prop_assert_eq!(found, expected, "{:?} in\n{}", owned, yaml(&rules));
         }
     }
