@@ -6,6 +6,9 @@
 //! bounded keyed limiter of the rule's algorithm, and answers per descriptor and overall; by
 //! default a denied request consumes nothing ([`Counting`]). A reload keeps every counter.
 //!
+//! The gRPC server ([`RateLimitService`]) is the `grpc` feature, on by default; without it
+//! the crate builds without tonic and still answers RLS messages given as bytes.
+//!
 //! Both front ends answer at once and never hold a request for capacity: Envoy (and any
 //! caller of the check API) expects its answer now and decides itself what a denial means.
 //! Waiting for capacity is the HTTP layer's (`sluice_http`'s `on_excess`), in front of the
@@ -22,7 +25,9 @@ mod generation;
 mod layer;
 pub mod proto;
 mod request;
+#[cfg(feature = "grpc")]
 mod rls;
+mod rls_message;
 mod settings;
 mod stats;
 mod store;
@@ -33,7 +38,11 @@ pub use counters::{CounterSettings, ValueQuotaSource, ValueQuotas};
 pub use engine::{Engine, EngineError, Reloaded, RuleReport};
 pub use layer::LayerBackend;
 pub use request::{CheckRequest, DescriptorRequest, RequestBounds, RequestError};
-pub use rls::{MAX_MESSAGE_BYTES, RateLimitService, SHOULD_RATE_LIMIT};
+#[cfg(feature = "grpc")]
+pub use rls::{RateLimitService, SHOULD_RATE_LIMIT};
+#[doc(hidden)]
+pub use rls_message::answer_rls_message;
+pub use rls_message::{MAX_MESSAGE_BYTES, RlsMessageError};
 pub use settings::{Counting, EngineSettings, FieldSet};
 pub use stats::{FrontEnd, LATENCY_BUCKETS, LatencySnapshot, RuleCounts, TOP_KEYS};
 pub use store::RedisCounters;

@@ -13,15 +13,11 @@ use tonic::body::Body;
 use tonic::server::{Grpc, NamedService, UnaryService};
 use tonic::{Status, codegen::BoxFuture};
 
-use crate::proto::{self, Unit};
-use crate::request::WireDescriptor;
-use crate::{CheckRequest, Code, DescriptorRequest, DescriptorStatus, Engine, RequestError, Verdict};
+use crate::rls_message::{self, MAX_MESSAGE_BYTES};
+use crate::{Engine, proto};
 
 /// The gRPC path of `ShouldRateLimit`.
 pub const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
-
-/// The largest request message read: bounds what one call can make the server decode.
-pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
 
 /// The most concurrent streams per HTTP/2 connection.
 const MAX_STREAMS: u32 = 1024;
@@ -111,115 +107,14 @@ impl RateLimitService {
         &self,
         request: proto::RateLimitRequest,
     ) -> Result<proto::RateLimitResponse, Status> {
-        let request = from_proto(request)?;
-        let verdict = (self.engine)
-            .check_from(Some(crate::FrontEnd::Rls), &request, false)
-            .await;
-        let verdict = verdict.map_err(invalid)?;
-        Ok(to_proto(verdict))
+        let answer = rls_message::answer(&self.engine, request).await;
+        answer.map_err(|e| Status::invalid_argument(e.to_string()))
     }
 
     /// The address a listener is bound to, for logs.
     pub fn local_addr(listener: &TcpListener) -> std::io::Result<SocketAddr> {
         listener.local_addr()
     }
-}
-
-fn invalid(error: RequestError) -> Status {
-    Status::invalid_argument(error.to_string())
-}
-
-/// The request as the engine reads it: strings moved, not copied.
-fn from_proto(request: proto::RateLimitRequest) -> Result<CheckRequest, Status> {
-    let hits = Some(u64::from(request.hits_addend));
-    CheckRequest::from_wire(request.domain, request.descriptors, hits).map_err(Status::invalid_argument)
-}
-
-impl WireDescriptor for proto::RateLimitDescriptor {
-    fn into_request(self) -> Result<DescriptorRequest, String> {
-        if self.is_negative_hits {
-            return Err("is_negative_hits is not supported".to_string());
-        }
-        let limit = (self.limit.map(override_quota).transpose()).map_err(|e| format!("limit: {e}"))?;
-        Ok(DescriptorRequest {
-            entries: (self.entries.into_iter())
-                .map(|entry| (entry.key, entry.value))
-                .collect(),
-            hits: self.hits_addend.map(|hits| hits.value),
-            limit,
-        })
-    }
-}
-
-/// The quota of a descriptor's `limit` override.
-fn override_quota(limit: proto::RateLimitOverride) -> Result<sluice::Quota, String> {
-    let unit = Unit::from_number(limit.unit).ok_or_else(|| format!("unit {} is not a unit", limit.unit))?;
-    if limit.requests_per_unit == 0 {
-        return Ok(sluice::Quota::deny_all());
-    }
-    sluice::Quota::new(
-        u64::from(limit.requests_per_unit),
-        std::time::Duration::from_secs(unit.seconds()),
-    )
-    .map_err(|e| e.to_string())
-}
-
-fn to_proto(verdict: Verdict) -> proto::RateLimitResponse {
-    proto::RateLimitResponse {
-        overall_code: code(verdict.overall),
-        statuses: verdict.statuses.iter().map(status).collect(),
-        response_headers_to_add: verdict
-            .headers
-            .into_iter()
-            .map(|(key, value)| proto::HeaderValue { key, value })
-            .collect(),
-        request_headers_to_add: Vec::new(),
-    }
-}
-
-fn code(code: Code) -> i32 {
-    match code {
-        Code::Ok => proto::Code::Ok as i32,
-        Code::OverLimit => proto::Code::OverLimit as i32,
-    }
-}
-
-fn status(status: &DescriptorStatus) -> proto::DescriptorStatus {
-    proto::DescriptorStatus {
-        code: code(status.code),
-        current_limit: status.limit.as_ref().map(|limit| {
-            let (requests_per_unit, unit) = per_unit(limit.quota);
-            proto::RateLimit {
-                name: limit.name.clone().unwrap_or_default(),
-                requests_per_unit,
-                unit: unit as i32,
-            }
-        }),
-        limit_remaining: u32::try_from(status.remaining).unwrap_or(u32::MAX),
-        duration_until_reset: status.limit.as_ref().map(|_| proto::Duration {
-            seconds: i64::try_from(status.reset_after.as_secs()).unwrap_or(i64::MAX),
-            nanos: i32::try_from(status.reset_after.subsec_nanos()).unwrap_or(0),
-        }),
-    }
-}
-
-/// A quota as requests per one of envoy's units: the shortest unit that holds a whole number
-/// of its periods (`1.1/s` is 66 per minute); a quota whose period divides none is given per
-/// second, rounded down.
-pub(crate) fn per_unit(quota: sluice::Quota) -> (u32, Unit) {
-    if quota.is_deny_all() {
-        return (0, Unit::Second);
-    }
-    let (count, period) = (u128::from(quota.count()), u128::from(quota.period_nanos()));
-    for unit in Unit::ALL {
-        let unit_nanos = u128::from(unit.seconds()) * 1_000_000_000;
-        if unit_nanos % period == 0 {
-            let per_unit = count * (unit_nanos / period);
-            return (u32::try_from(per_unit).unwrap_or(u32::MAX), unit);
-        }
-    }
-    let per_second = count * 1_000_000_000 / period;
-    (u32::try_from(per_second).unwrap_or(u32::MAX), Unit::Second)
 }
 
 /// `ShouldRateLimit` as tonic's unary service.
