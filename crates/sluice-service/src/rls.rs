@@ -11,7 +11,7 @@ use http::{Request, Response};
 use tokio::net::TcpListener;
 use tonic::body::Body;
 use tonic::server::{Grpc, NamedService, UnaryService};
-use tonic::{Status, codegen::BoxFuture};
+use tonic::{Code, Status, codegen::BoxFuture};
 
 use crate::rls_message::{self, MAX_MESSAGE_BYTES};
 use crate::{Engine, proto};
@@ -162,7 +162,20 @@ where
         Box::pin(async move {
             let mut grpc = Grpc::new(tonic_prost::ProstCodec::default())
                 .apply_max_message_size_config(Some(MAX_MESSAGE_BYTES), None);
-            Ok(grpc.unary(method, request).await)
+            Ok(too_large_is_resource_exhausted(grpc.unary(method, request).await))
         })
+    }
+}
+
+/// gRPC's status codes give `RESOURCE_EXHAUSTED` to a message larger than the receiver's
+/// maximum; tonic answers it `OUT_OF_RANGE`, before the method is called. The method answers
+/// only `OK` and `INVALID_ARGUMENT`, so an `OUT_OF_RANGE` here is that refusal: answered again
+/// with the right code and tonic's message.
+fn too_large_is_resource_exhausted(response: Response<Body>) -> Response<Body> {
+    match Status::from_header_map(response.headers()) {
+        Some(status) if status.code() == Code::OutOfRange => {
+            Status::resource_exhausted(status.message()).into_http()
+        }
+        _ => response,
     }
 }

@@ -336,7 +336,7 @@ async fn oversize_and_malformed_requests_are_invalid_arguments() {
     // A message past the size bound is refused before it is decoded.
     let huge = request(vec![descriptor(&[("bulk", &"x".repeat(300 * 1024))])]);
     let status = client.should_rate_limit(huge).await.unwrap_err();
-    assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}");
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
 
     // The server still answers.
     assert_eq!(
@@ -345,6 +345,52 @@ async fn oversize_and_malformed_requests_are_invalid_arguments() {
             .overall_code,
         Code::Ok as i32
     );
+}
+
+/// A request whose message is `len` bytes: one descriptor, its value padded.
+fn request_of_len(len: usize) -> RateLimitRequest {
+    use prost::Message;
+    let mut value = "x".repeat(len);
+    loop {
+        let sized = request(vec![descriptor(&[("bulk", &value)])]);
+        match sized.encoded_len().cmp(&len) {
+            std::cmp::Ordering::Equal => return sized,
+            std::cmp::Ordering::Greater => value.pop(),
+            std::cmp::Ordering::Less => unreachable!("{len}: {}", sized.encoded_len()),
+        };
+    }
+}
+
+#[tokio::test]
+async fn a_message_over_the_size_limit_is_resource_exhausted_and_one_at_it_is_read() {
+    let mut client = serve(Counting::AllOrNothing)
+        .await
+        .max_encoding_message_size(usize::MAX);
+    // At the limit: decoded, and refused only for its over-long value.
+    let at = request_of_len(sluice_service::MAX_MESSAGE_BYTES);
+    let status = client.should_rate_limit(at).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("descriptors[0].entries[0].value"),
+        "{status:?}"
+    );
+
+    // One byte over: RESOURCE_EXHAUSTED, as gRPC's status codes say, naming both sizes.
+    let over = request_of_len(sluice_service::MAX_MESSAGE_BYTES + 1);
+    let status = client.should_rate_limit(over).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    let (found, limit) = (
+        (sluice_service::MAX_MESSAGE_BYTES + 1).to_string(),
+        sluice_service::MAX_MESSAGE_BYTES.to_string(),
+    );
+    assert!(
+        status.message().contains(&found) && status.message().contains(&limit),
+        "{status:?}"
+    );
+
+    // The connection still serves.
+    let fine = ask(&mut client, request(vec![descriptor(&[("bulk", "ok")])])).await;
+    assert_eq!(fine.overall_code, Code::Ok as i32);
 }
 
 #[tokio::test]
