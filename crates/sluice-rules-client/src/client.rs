@@ -5,6 +5,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 use crate::{PollError, UrlError};
@@ -56,14 +57,36 @@ pub(crate) async fn send(
     body: Bytes,
     max_bytes: usize,
 ) -> Result<(StatusCode, HeaderMap, Bytes), PollError> {
+    let stream = connect(authority).await?;
+    send_on(stream, method, authority, path, headers, body, max_bytes).await
+}
+
+/// A new connection to `authority`.
+pub(crate) async fn connect(authority: &str) -> Result<TcpStream, PollError> {
     let connect = |source| PollError::Connect {
         address: authority.to_owned(),
         source,
     };
-    let http = |e: &dyn std::fmt::Display| PollError::Http(e.to_string());
     let stream = TcpStream::connect(authority).await.map_err(connect)?;
     stream.set_nodelay(true).map_err(connect)?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+    Ok(stream)
+}
+
+/// [`send`] on a connection already made (`io`), naming `authority` in `Host`.
+pub(crate) async fn send_on<T>(
+    io: T,
+    method: Method,
+    authority: &str,
+    path: &str,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    body: Bytes,
+    max_bytes: usize,
+) -> Result<(StatusCode, HeaderMap, Bytes), PollError>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let http = |e: &dyn std::fmt::Display| PollError::Http(e.to_string());
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(io))
         .await
         .map_err(|e| http(&e))?;
     // The connection is driven beside the request and ends with it.

@@ -439,7 +439,32 @@ impl RulesSource {
         }
     }
 
+    /// [`fetch`](Self::fetch) over a connection already made (`io`) instead of a new one to
+    /// the service: how the answer is read, whatever its bytes. Not part of the API: the
+    /// hostile-input checks (`sluice-invariants`) answer through it.
+    ///
+    /// # Errors
+    /// As [`fetch`](Self::fetch)'s, but for reaching the service.
+    #[doc(hidden)]
+    pub async fn fetch_on<T>(&self, io: T, known: Option<u64>) -> Result<Fetched, PollError>
+    where
+        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        match tokio::time::timeout(self.timeout, self.exchange_on(io, known)).await {
+            Ok(answer) => answer,
+            Err(_) => Err(PollError::Timeout(self.timeout)),
+        }
+    }
+
     async fn exchange(&self, known: Option<u64>) -> Result<Fetched, PollError> {
+        let stream = crate::client::connect(&self.authority).await?;
+        self.exchange_on(stream, known).await
+    }
+
+    async fn exchange_on<T>(&self, io: T, known: Option<u64>) -> Result<Fetched, PollError>
+    where
+        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
         let mut headers = Vec::with_capacity(2);
         if let Some(authorization) = &self.authorization {
             headers.push((header::AUTHORIZATION, authorization.clone()));
@@ -449,7 +474,16 @@ impl RulesSource {
                 .map_err(|e| PollError::Http(e.to_string()))?;
             headers.push((header::IF_NONE_MATCH, etag));
         }
-        let (status, body) = crate::client::get(&self.authority, &self.path, headers, self.max_bytes).await?;
+        let (status, _, body) = crate::client::send_on(
+            io,
+            http::Method::GET,
+            &self.authority,
+            &self.path,
+            headers,
+            Bytes::new(),
+            self.max_bytes,
+        )
+        .await?;
         if status == StatusCode::NOT_MODIFIED && known.is_some() {
             return Ok(Fetched::Unchanged);
         }
