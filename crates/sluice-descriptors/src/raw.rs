@@ -1,13 +1,13 @@
 //! A rules file as written: envoy ratelimit's fields, and sluice's two extensions inside
 //! `rate_limit` (`quota`, `algorithm`).
 
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawDomain {
     pub domain: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "list")]
     pub descriptors: Vec<RawDescriptor>,
 }
 
@@ -23,7 +23,7 @@ pub(crate) struct RawDescriptor {
     pub shadow_mode: bool,
     #[serde(default)]
     pub detailed_metric: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "list")]
     pub descriptors: Vec<RawDescriptor>,
 }
 
@@ -38,7 +38,7 @@ pub(crate) struct RawRateLimit {
     pub unlimited: bool,
     #[serde(default)]
     pub name: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "list")]
     pub replaces: Vec<RawReplace>,
     /// sluice: an exact quota text (`1.1/s burst 5`) in place of `requests_per_unit`/`unit`.
     #[serde(default)]
@@ -52,4 +52,11 @@ pub(crate) struct RawRateLimit {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawReplace {
     pub name: String,
+}
+
+/// A list field, where null is no items: `descriptors:` and `descriptors: null` are the same
+/// YAML value, and the YAML reader takes only the first for an empty list (a JSON Patch's
+/// YAML writes the second).
+fn list<'de, D: Deserializer<'de>, T: Deserialize<'de>>(deserializer: D) -> Result<Vec<T>, D::Error> {
+    Ok(Option::<Vec<T>>::deserialize(deserializer)?.unwrap_or_default())
 }
