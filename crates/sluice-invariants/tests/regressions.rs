@@ -22,3 +22,55 @@ fn durations_with_many_zero_decimals_are_read() {
     sluice_invariants::quota(b"0.000000000000000000000000min");
     sluice_invariants::quota(b"1.000000000000000000000s");
 }
+
+/// `rules_patch`: a JSON Patch could nest the rules without bound: each `copy` of a deep value
+/// and `move` of it below its own deepest point doubles the depth, so nine pairs of
+/// operations nest the document fifty thousand levels deep, whose YAML writer (or its drop)
+/// then runs out of stack and takes the rules service down. Likewise a few `copy`s of the
+/// whole document into itself doubled it each time, without bound. A patched document now
+/// nests at most 128 levels and grows no larger than a rules file.
+#[test]
+fn a_patch_cannot_nest_or_grow_the_rules_without_bound() {
+    let mut operations = vec![format!(
+        r#"{{"op": "add", "path": "/a", "value": {}{}}}"#,
+        "[".repeat(100),
+        "]".repeat(100)
+    )];
+    // From /a to its innermost (empty) array.
+    let mut inner = "/0".repeat(99);
+    for _ in 0..9 {
+        operations.push(r#"{"op": "copy", "from": "/a", "path": "/c"}"#.to_string());
+        operations.push(format!(
+            r#"{{"op": "move", "from": "/c", "path": "/a{inner}/-"}}"#
+        ));
+        inner = format!("{inner}/0{inner}");
+    }
+    sluice_invariants::rules_patch(format!("[{}]", operations.join(",")).as_bytes());
+
+    let doubling = vec![r#"{"op": "copy", "from": "", "path": "/descriptors/-"}"#; 40];
+    sluice_invariants::rules_patch(format!("[{}]", doubling.join(",")).as_bytes());
+}
+
+/// `rules_document`: `descriptors:` with nothing after it was read as no descriptors, but
+/// `descriptors: null`, the same YAML value, was refused; a JSON Patch writes the document
+/// back with the second, so every patch of such rules failed as invalid. Both now read as
+/// no descriptors (and `replaces` likewise).
+#[test]
+fn an_empty_descriptors_field_survives_a_patch() {
+    sluice_invariants::rules_document(b"\x00domain: edge\ndescriptors:\n");
+    sluice_invariants::rules_document(b"\x00domain: edge\ndescriptors: null\n");
+    sluice_invariants::descriptor_rules(b"domain: d\ndescriptors:\n  - key: k\n    descriptors: ~\n");
+}
+
+/// `rules_document`: a text field holding what YAML takes for a number (`value: 1e3`) is
+/// the text "1e3" to the rules, but a JSON Patch read the file as a document, where it is the
+/// number 1000.0, and wrote it back as `1000.0`: any patch, even an empty one, silently moved
+/// the rule to another value. Such rules are now refused for patching (409, naming the rule)
+/// until the value is quoted.
+#[test]
+fn a_patch_never_changes_a_value_yaml_reads_as_a_number() {
+    sluice_invariants::rules_document(
+        b"\x00domain: edge\ndescriptors:\n  - key: v\n    value: 1e3\n    rate_limit: {unit: second, requests_per_unit: 0}\n",
+    );
+    sluice_invariants::rules_document(b"\x00domain: edge\ndescriptors:\n  - key: 0x10\n    value: '0x10'\n    rate_limit: {unlimited: true}\n");
+}
