@@ -3,6 +3,8 @@
 
 mod support;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use sluice::{Quota, TokenBucket};
@@ -89,8 +91,15 @@ async fn redis_killed_mid_run_falls_back_to_the_local_share() {
     policy_under_outage(FailurePolicy::LocalShare).await;
 }
 
+/// 32 callers check without pause from before Redis dies until they are back on Redis after
+/// its restart; Redis stays down until 64 checks have begun and ended while it was, so the
+/// outage certainly falls among the checks, and they are answered (by the policy) during it,
+/// not held until Redis returns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_checks_during_an_outage_do_not_panic_or_hang() {
+    const CALLERS: u64 = 32;
+    /// Redis stays down until this many checks have begun and ended while it was.
+    const IN_OUTAGE: u64 = 64;
     let mut server = RedisServer::start();
     let quota: Quota = "1000/s".parse().expect("quota");
     let limiter = RedisLimiter::builder(TokenBucket, quota)
@@ -98,27 +107,73 @@ async fn concurrent_checks_during_an_outage_do_not_panic_or_hang() {
         .connect(&server.url(), options())
         .await
         .expect("limiter");
+    // 0: Redis up; 1: killed (set once the process is gone); 2: being restarted.
+    let phase = Arc::new(AtomicU8::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let checks = Arc::new(AtomicU64::new(0));
+    let in_outage = Arc::new(AtomicU64::new(0));
     let mut tasks = tokio::task::JoinSet::new();
-    for caller in 0..32 {
-        let limiter = limiter.clone();
+    for caller in 0..CALLERS {
+        let (limiter, phase, stop, checks, in_outage) = (
+            limiter.clone(),
+            Arc::clone(&phase),
+            Arc::clone(&stop),
+            Arc::clone(&checks),
+            Arc::clone(&in_outage),
+        );
         tasks.spawn(async move {
-            for i in 0..200 {
+            let mut i = 0;
+            while !stop.load(Ordering::SeqCst) {
                 let key = format!("k{}", (caller + i) % 7);
+                let began = phase.load(Ordering::SeqCst);
                 let checked = tokio::time::timeout(NO_HANG, limiter.check_n(&key, 1)).await;
                 assert!(matches!(checked, Ok(Ok(_))), "{checked:?}");
+                if began == 1 && phase.load(Ordering::SeqCst) == 1 {
+                    in_outage.fetch_add(1, Ordering::SeqCst);
+                }
+                checks.fetch_add(1, Ordering::SeqCst);
+                i += 1;
                 tokio::task::yield_now().await;
             }
         });
     }
-    tokio::time::sleep(Duration::from_millis(30)).await;
+    // The callers are checking on Redis when it dies, and go on checking through the outage.
+    support::wait_until_async("checks on Redis", Duration::from_secs(10), || async {
+        limiter.metrics().redis_checks >= 2 * CALLERS
+    })
+    .await;
     server.kill();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    phase.store(1, Ordering::SeqCst);
+    let by_policy = limiter.metrics().answered_by_policy();
+    support::wait_until_async(
+        "checks answered while Redis is down",
+        Duration::from_secs(10),
+        || async { in_outage.load(Ordering::SeqCst) >= IN_OUTAGE },
+    )
+    .await;
+    let by_policy = limiter.metrics().answered_by_policy() - by_policy;
+    phase.store(2, Ordering::SeqCst);
     server.restart();
+    // And they go back to Redis by themselves.
+    let on_redis = limiter.metrics().redis_checks;
+    support::wait_until_async("checks back on Redis", Duration::from_secs(20), || async {
+        limiter.metrics().redis_checks > on_redis
+    })
+    .await;
+    stop.store(true, Ordering::SeqCst);
     while let Some(done) = tasks.join_next().await {
         done.expect("caller panicked");
     }
+    assert!(
+        by_policy >= IN_OUTAGE,
+        "{by_policy} checks answered by the policy during the outage"
+    );
     let m = limiter.metrics();
-    assert!(m.redis_checks + m.answered_by_policy() == 32 * 200, "{m:?}");
+    assert_eq!(
+        m.redis_checks + m.answered_by_policy(),
+        checks.load(Ordering::SeqCst),
+        "{m:?}"
+    );
 }
 
 /// Stalls every client of `server` for `ms` milliseconds (`CLIENT PAUSE … ALL`), as a slow
