@@ -219,8 +219,9 @@ fn model_find(rules: &[ModelRule], entries: &[(String, String)]) -> Option<usize
 fn yaml(rules: &[ModelRule]) -> String {
     // Build the tree from the paths, then print it. A node: its step, the quota of the rule
     // ending there if it has one, its children.
+    type Step = (String, Option<String>);
     #[derive(Default)]
-    struct Tree(Vec<((String, Option<String>), Option<String>, Tree)>);
+    struct Tree(Vec<(Step, Option<String>, Tree)>);
     let mut tree = Tree::default();
     for (index, rule) in rules.iter().enumerate() {
         let mut level = &mut tree;

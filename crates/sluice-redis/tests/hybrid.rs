@@ -144,7 +144,7 @@ fn within_bucket_bound(run: &Run, quota: Quota, interval: Duration, strict: f64,
 /// belongs to one of the two, unknown which, and counts in neither (they must be few).
 fn within_window_bound(run: &Run, quota: Quota, interval: Duration, floor: u64) {
     kept_pace(run, interval);
-    let window = u64::try_from(quota.fill_time_nanos() / 1000).unwrap();
+    let window = quota.fill_time_nanos() / 1000;
     let bound = quota.capacity() + HOSTS * per_interval(quota, interval);
     let mut per_window: BTreeMap<u64, u64> = BTreeMap::new();
     let mut crossing = 0;
