@@ -60,7 +60,7 @@ impl Load {
 
 /// A key: one of 20 hot ones most of the time, else one never seen before.
 fn key(n: u64) -> String {
-    if n % 4 == 0 {
+    if n.is_multiple_of(4) {
         format!("new-{n}")
     } else {
         format!("hot-{}", n % 20)
