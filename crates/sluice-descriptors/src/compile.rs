@@ -28,11 +28,14 @@ pub fn parse_domain(text: &str) -> Result<DomainRules, RulesError> {
     let raw: RawDomain = serde_path_to_error::deserialize(deserializer).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
+        // A path that names nothing (the top, or a field whose name is empty) gives way to
+        // the place in the file.
+        let nameless = path == "." || path.is_empty();
         let field = match inner.location() {
-            Some(at) if path == "." || path.contains('?') => {
+            Some(at) if nameless || path.contains('?') => {
                 format!("line {} column {}", at.line(), at.column())
             }
-            _ if path == "." => "file".to_string(),
+            _ if nameless => "file".to_string(),
             _ => path,
         };
         let message = inner.to_string();
