@@ -13,8 +13,10 @@ use crate::service::{block_on, call, engine, fields_are_headers, hits, rule, wit
 /// wrong, or 413 for a body over the bound, never a server error; an answered request keeps
 /// the bounds and has one status per descriptor, over the limit exactly when a status not in
 /// shadow mode is, with no limit only where it is not over, the override's quota (or its
-/// rule's) printed so it reads back, no more remaining than its capacity, a retry time
-/// exactly when over, over where the hits can never fit, and fields a response can hold.
+/// rule's; an override the rule's algorithm cannot hold is denied) printed so it reads
+/// back, no more remaining than its capacity, a retry time exactly when over, over where the
+/// hits can never fit (up to the first denying status: all-or-nothing only looks at the
+/// rest), and fields a response can hold.
 ///
 /// # Example
 /// ```
@@ -89,7 +91,7 @@ fn answer_holds(data: &[u8], answer: &Value) {
             continue;
         }
         let name = limit["name"].as_str().unwrap_or_default();
-        let Some((rule_quota, shadow)) = rule(name) else {
+        let Some((rule_quota, shadow, kind)) = rule(name) else {
             panic!("status {i} names no rule: {status}");
         };
         assert_eq!(limit["shadow_mode"], Value::Bool(shadow), "status {i}: {status}");
@@ -107,6 +109,15 @@ fn answer_holds(data: &[u8], answer: &Value) {
                 None => panic!("status {i}: the unlimited rule {name} was counted"),
             },
         };
+        if kind.check(&expected).is_err() {
+            // An override the rule's algorithm cannot hold is taken, and its counter stays on
+            // the failsafe quota (deny-all here): denied, and reported as that quota.
+            if !peek && !denies {
+                assert!(over, "status {i}: {expected} admitted on {kind}: {status}");
+            }
+            denies |= over && !shadow;
+            continue;
+        }
         assert_eq!(quota, expected, "status {i}: {status}");
         let remaining = status["limit_remaining"].as_u64();
         assert!(
@@ -114,7 +125,8 @@ fn answer_holds(data: &[u8], answer: &Value) {
             "status {i}: more left than {quota} holds: {status}"
         );
         let (own, request) = (asked_one["hits"].as_u64(), asked["hits"].as_u64());
-        if !peek && hits(own, request) > quota.capacity() {
+        // After a descriptor that denies, all-or-nothing only looks at the rest.
+        if !peek && !denies && hits(own, request) > quota.capacity() {
             assert!(over, "status {i}: more hits than {quota} holds: {status}");
         }
         denies |= over && !shadow;

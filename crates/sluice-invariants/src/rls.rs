@@ -11,11 +11,12 @@ use crate::service::{block_on, engine, fields_are_headers, hits, rule, within_bo
 /// engine over a small rules table: never a panic; bytes that are not a request, a
 /// descriptor with `is_negative_hits` or an override no quota holds (in no unit, or not held
 /// exactly), and a request outside the bounds are refused (a field by its descriptor's
-/// place); an answered request has one
-/// status per descriptor, is over the limit exactly when a status not in shadow mode is, has
-/// no limit only where it is not over, reports the override's rate (or its rule's) with no
-/// more remaining than its capacity, is over where the hits can never fit, carries fields a
-/// response can hold, and encodes back to itself.
+/// place); an answered request has one status per descriptor, is over the limit exactly when
+/// a status not in shadow mode is, has no limit only where it is not over, reports the
+/// override's rate (or its rule's; an override the rule's algorithm cannot hold is denied)
+/// with no more remaining than its capacity, is over where the hits can never fit (up to the
+/// first denying status: all-or-nothing only looks at the rest), carries fields a response
+/// can hold, and encodes back to itself.
 ///
 /// # Example
 /// ```
@@ -84,7 +85,7 @@ fn answer_holds(request: &RateLimitRequest, response: &RateLimitResponse) {
             assert!(status.duration_until_reset.is_none(), "status {i}: {status:?}");
             continue;
         };
-        let Some((rule_quota, shadow)) = rule(&limit.name) else {
+        let Some((rule_quota, shadow, kind)) = rule(&limit.name) else {
             panic!("status {i} names no rule: {limit:?}");
         };
         let quota = match asked.limit {
@@ -100,6 +101,16 @@ fn answer_holds(request: &RateLimitRequest, response: &RateLimitResponse) {
                 None => panic!("status {i}: the unlimited rule {} was counted", limit.name),
             },
         };
+        if kind.check(&quota).is_err() {
+            // An override the rule's algorithm cannot hold (63067937/s on a bucket) is taken,
+            // and its counter stays on the failsafe quota (deny-all here): denied, and reported
+            // as that quota. Refused as an unreadable override is, it would say why.
+            if !denies {
+                assert_eq!(status.code, over, "status {i}: {quota} admitted on {kind}");
+            }
+            denies |= status.code == over && !shadow;
+            continue;
+        }
         if quota.is_deny_all() {
             assert_eq!(limit.requests_per_unit, 0, "status {i}: {limit:?}");
         } else if limit.requests_per_unit < u32::MAX {
@@ -124,8 +135,9 @@ fn answer_holds(request: &RateLimitRequest, response: &RateLimitResponse) {
             reset.seconds >= 0 && (0..1_000_000_000).contains(&reset.nanos),
             "{reset:?}"
         );
+        // After a descriptor that denies, all-or-nothing only looks at the rest.
         let own = asked.hits_addend.map(|h| h.value);
-        if hits(own, request_hits) > quota.capacity() {
+        if !denies && hits(own, request_hits) > quota.capacity() {
             assert_eq!(status.code, over, "status {i}: more hits than {quota} holds");
         }
         denies |= status.code == over && !shadow;

@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::sync::OnceLock;
 
-use sluice::Quota;
+use sluice::{AlgorithmKind, Quota};
 use sluice_descriptors::RuleSet;
 use sluice_service::{CounterSettings, Engine, EngineSettings, FieldSet};
 
@@ -33,20 +33,20 @@ descriptors:
     rate_limit: {unit: day, requests_per_unit: 100, name: gold, replaces: [{name: per_user}], algorithm: sliding_window_counter}
 "#;
 
-/// A rule of [`RULES`] by its name: its quota (none if unlimited) and whether it is in
-/// shadow mode.
-pub(crate) fn rule(name: &str) -> Option<(Option<Quota>, bool)> {
+/// A rule of [`RULES`] by its name: its quota (none if unlimited), whether it is in shadow
+/// mode, and the algorithm counting it.
+pub(crate) fn rule(name: &str) -> Option<(Option<Quota>, bool, AlgorithmKind)> {
     let quota = |text: &str| match text.parse() {
         Ok(quota) => Some(quota),
         Err(e) => panic!("{text}: {e}"),
     };
     Some(match name {
-        "per_user" => (quota("3/min"), false),
-        "login" => (quota("1/s"), false),
-        "shadow" => (quota("2/h"), true),
-        "ip_path" => (quota("5/s burst 2"), false),
-        "free" => (None, false),
-        "gold" => (quota("100/day"), false),
+        "per_user" => (quota("3/min"), false, AlgorithmKind::TokenBucket),
+        "login" => (quota("1/s"), false, AlgorithmKind::FixedWindow),
+        "shadow" => (quota("2/h"), true, AlgorithmKind::SlidingWindowLog),
+        "ip_path" => (quota("5/s burst 2"), false, AlgorithmKind::LeakyBucket),
+        "free" => (None, false, AlgorithmKind::TokenBucket),
+        "gold" => (quota("100/day"), false, AlgorithmKind::SlidingWindowCounter),
         _ => return None,
     })
 }
