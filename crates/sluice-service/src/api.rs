@@ -173,19 +173,20 @@ async fn check(
     }
     let parsed: CheckBody = match serde_json::from_slice(&body) {
         Ok(parsed) => parsed,
-        // Read again, slowly, only to name where it went wrong.
-        Err(_) => match serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&body)) {
-            Ok(parsed) => parsed,
-            Err(e) => {
-                let path = e.path().to_string();
-                let detail = if path == "." {
-                    e.inner().to_string()
-                } else {
-                    format!("{path}: {}", e.inner())
-                };
-                return problem(StatusCode::BAD_REQUEST, "Malformed check request", detail);
-            }
-        },
+        // Read again, slowly, only to name where it went wrong: the refusal stands whatever
+        // the second reading says (it does not look past the request, where trailing
+        // characters are).
+        Err(fast) => {
+            let read = serde_path_to_error::deserialize::<_, CheckBody>(
+                &mut serde_json::Deserializer::from_slice(&body),
+            );
+            let detail = match read {
+                Err(e) if e.path().to_string() != "." => format!("{}: {}", e.path(), e.inner()),
+                Err(e) => e.inner().to_string(),
+                Ok(_) => fast.to_string(),
+            };
+            return problem(StatusCode::BAD_REQUEST, "Malformed check request", detail);
+        }
     };
     let peek = parsed.peek || asks_peek(&uri);
     let request = match to_request(parsed) {

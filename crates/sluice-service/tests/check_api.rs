@@ -82,8 +82,15 @@ async fn checks_count_and_a_peek_does_not() {
 async fn what_is_wrong_is_named_in_problem_json() {
     let addr = serve().await;
     let json = "application/json";
-    let cases: [(&str, Vec<u8>, u16, &str); 6] = [
+    let cases: [(&str, Vec<u8>, u16, &str); 7] = [
         ("malformed", b"{\"domain\":".to_vec(), 400, "EOF"),
+        // Once answered: the second, slower reading (to name the field) stops at the request.
+        (
+            "trailing characters",
+            br#"{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"a"}]}]} x"#.to_vec(),
+            400,
+            "trailing characters",
+        ),
         ("missing field", br#"{"descriptors":[]}"#.to_vec(), 400, "domain"),
         (
             "missing value",
