@@ -6,7 +6,7 @@
 //! | `GET /v1/domains?prefix=&after=&limit=` | a page of domains (name and revision), `next` to pass as `after` |
 //! | `GET /v1/domains/{domain}` | its rules file and revision; `ETag` |
 //! | `PUT /v1/domains/{domain}` | the body is the rules file: creates (201), or replaces with `If-Match: "N"` (200; 412 if the domain moved on, 428 without it); `If-None-Match: *` creates only |
-//! | `PATCH /v1/domains/{domain}` | a JSON Patch (`application/json-patch+json`, RFC 6902) on the rules file's fields, with `If-Match` (200; 412, 428; 409 when a `test` fails or the stored rules do not read back as a document, 422 when an operation does not apply or the result is not valid rules or too large) |
+//! | `PATCH /v1/domains/{domain}` | a JSON Patch (`application/json-patch+json`, RFC 6902) on the rules file's fields, with `If-Match` (200; 412, 428; 409 when a `test` fails or the stored rules do not read back as the same rules once read as a document, 422 when an operation does not apply or the result is not valid rules or too large) |
 //! | `DELETE /v1/domains/{domain}` | with `If-Match` (204; 412, 428) |
 //! | `GET /v1/domains/{domain}/history` | every change: revision, who, when, before, after |
 //!

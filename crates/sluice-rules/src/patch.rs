@@ -40,7 +40,8 @@ pub enum PatchError {
     /// More than [`MAX_PATCH_OPERATIONS`].
     #[error("a patch holds at most {MAX_PATCH_OPERATIONS} operations, not {0}")]
     TooLong(usize),
-    /// The stored rules could not be read as a document (never for rules this store wrote).
+    /// The stored rules do not check, or their document could not be written (never for
+    /// rules this store wrote).
     #[error("the stored rules cannot be patched: {0}")]
     Stored(String),
     /// An operation failed.
@@ -63,12 +64,13 @@ pub enum PatchError {
         /// Its path.
         path: String,
     },
-    /// The stored rules would read back otherwise once read as a document: a text field
-    /// holds what YAML takes for a number (`value: 1e3` is the text "1e3" to the rules, the
-    /// number 1000.0 to a document, written back as `1000.0`). Patched, that rule would change
-    /// unseen; the value is to be quoted (written again with `PUT`) first.
+    /// The stored rules do not read as a document, or not back as the same rules: a YAML tag
+    /// a document cannot hold (`!x`), or a text field holding what YAML takes for a number
+    /// (`value: 1e3` is the text "1e3" to the rules, the number 1000.0 to a document, written
+    /// back as `1000.0`). Patched, such rules would fail or change unseen; they are to be
+    /// written again (`PUT`) without the tag or with the value quoted first.
     #[error(
-        "the stored rules read otherwise as a document ({0}): quote the values YAML takes for numbers (such as 1e3 or 0x10) and write the rules again before patching"
+        "the stored rules do not read back as the same rules once read as a document ({0}): write them again without YAML tags and with the values YAML takes for numbers (such as 1e3 or 0x10) quoted, then patch"
     )]
     NotADocument(String),
     /// The patched rules file is larger than a write may be ([`MAX_RULES_BYTES`]).
@@ -87,7 +89,8 @@ pub(crate) fn apply(text: &str, patch: &[u8]) -> Result<String, PatchError> {
     if operations.len() > MAX_PATCH_OPERATIONS {
         return Err(PatchError::TooLong(operations.len()));
     }
-    let document: Value = serde_norway::from_str(text).map_err(|e| PatchError::Stored(e.to_string()))?;
+    let document: Value =
+        serde_norway::from_str(text).map_err(|e| PatchError::NotADocument(e.to_string()))?;
     reads_back(text, &document)?;
     let (weight, _) = measure(&document);
     let mut patched = Patched { document, weight };
@@ -434,6 +437,11 @@ mod tests {
         let e = apply(stored, b"[]").unwrap_err();
         assert!(matches!(e, PatchError::NotADocument(_)), "{e}");
         assert!(e.to_string().contains("rule 'edge: v=1e3' changes"), "{e}");
+        // A tag the rules take and a document cannot hold.
+        let tagged = "domain: edge\ndescriptors:\n !-   ";
+        assert!(sluice_descriptors::parse_domain(tagged).is_ok());
+        let e = apply(tagged, b"[]").unwrap_err();
+        assert!(matches!(e, PatchError::NotADocument(_)), "{e}");
         // Quoted, it is text to both.
         let quoted = stored.replace("1e3", "'1e3'");
         let patched = apply(&quoted, b"[]").unwrap();
