@@ -109,3 +109,22 @@ fn an_override_the_algorithm_cannot_hold_is_denied() {
         br#"{"domain": "edge", "descriptors": [{"entries": [{"key": "user", "value": "al"}], "limit": "63067937/s"}]}"#,
     );
 }
+
+/// `check_api`: a body refused as JSON (here, a request followed by three 0xff bytes) was read a
+/// second time only to name the field at fault, but that reading stops at the end of the
+/// request, found nothing wrong, and the request was decided. The refusal now stands.
+#[test]
+fn a_body_with_trailing_bytes_is_refused() {
+    sluice_invariants::check_api(
+        b"{\"domain\": \"edge\", \"descriptors\": [{\"entries\": [{\"key\": \"user\", \"value\": \"al\"}], \"limit\": \"2/min\", \"hits\": 3}, {\"entries\": [{\"key\": \"path\", \"value\": \"/api/x\"}]}], \"peek\": true}\xff\xff\xff",
+    );
+}
+
+/// `rules_document`: rules holding a YAML tag (`descriptors: !-`) are taken by the rules
+/// reader, but a JSON Patch could not read them as a document and answered 500, "never for
+/// rules this store wrote". Such rules are now refused for patching as rules a document does
+/// not hold (409).
+#[test]
+fn a_tag_the_rules_take_is_refused_for_patching_not_a_server_error() {
+    sluice_invariants::rules_document(b"\x00domain: edge\ndescriptors:\n !-   ");
+}
