@@ -291,7 +291,7 @@ pub const DEFAULT_QUEUE_LIMIT: u64 = 100;
 /// let file = "rules: {url: http://127.0.0.1:8083}\nrls: {listen: 127.0.0.1:8081, headers: draft}\n";
 /// let service = sluice_config::parse(file)?.service.unwrap();
 /// assert_eq!(service.rls, Some("127.0.0.1:8081".parse().unwrap()));
-/// assert_eq!(service.fields, sluice_config::FieldSet::Draft);
+/// assert_eq!(service.headers, sluice_config::FieldSet::Draft);
 /// assert_eq!(service.counting, sluice_config::Counting::AllOrNothing);
 /// # Ok::<(), sluice_config::ConfigError>(())
 /// ```
