@@ -1,0 +1,5 @@
+//! `sluice_invariants::descriptor_rules` on libFuzzer's inputs (see that function for what it checks).
+
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| sluice_invariants::descriptor_rules(data));
