@@ -1,8 +1,10 @@
-//! A rules file compiled into a domain's tree: every field checked (units, both-or-neither,
-//! `replaces` naming a limit of the domain, unique names, sibling duplicates, depth, sizes),
-//! the error naming the field's path.
+//! A rules file (or the files of one merged domain) compiled into a domain's tree: every field
+//! checked (units, both-or-neither, `replaces` naming another limit of the domain, unique
+//! names, sibling duplicates, `share_threshold` only on wildcards, depth, sizes), the error
+//! naming the field's path.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sluice::{AlgorithmKind, Quota};
@@ -10,7 +12,9 @@ use sluice::{AlgorithmKind, Quota};
 use crate::error::RulesError;
 use crate::key::RuleId;
 use crate::raw::{RawDescriptor, RawDomain, RawRateLimit};
-use crate::rules::{DomainRules, Level, Limit, MAX_DEPTH, MAX_DESCRIPTORS, MAX_TEXT_BYTES, Node, Rule};
+use crate::rules::{
+    DomainRules, Level, Limit, MAX_DEPTH, MAX_DESCRIPTORS, MAX_TEXT_BYTES, Node, Rule, Wildcard,
+};
 
 /// Reads one domain's rules from a file's text.
 ///
@@ -24,8 +28,13 @@ use crate::rules::{DomainRules, Level, Limit, MAX_DEPTH, MAX_DESCRIPTORS, MAX_TE
 /// # Ok::<(), sluice_descriptors::RulesError>(())
 /// ```
 pub fn parse_domain(text: &str) -> Result<DomainRules, RulesError> {
+    compile(vec![read(text)?]).map_err(|(_, error)| error)
+}
+
+/// A rules file's text as written, every field's type checked.
+pub(crate) fn read(text: &str) -> Result<RawDomain, RulesError> {
     let deserializer = serde_norway::Deserializer::from_str(text);
-    let raw: RawDomain = serde_path_to_error::deserialize(deserializer).map_err(|e| {
+    serde_path_to_error::deserialize(deserializer).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
         // A path that names nothing (the top, or a field whose name is empty) gives way to
@@ -49,39 +58,66 @@ pub fn parse_domain(text: &str) -> Result<DomainRules, RulesError> {
             _ => message,
         };
         RulesError::new(field, message)
-    })?;
-    compile(raw)
+    })
 }
 
-fn compile(raw: RawDomain) -> Result<DomainRules, RulesError> {
-    if raw.domain.is_empty() {
-        return Err(RulesError::new("domain", "is empty"));
+/// One domain's rules from the files giving it (one, unless domains are merged: then each
+/// file's top-level descriptors are added to the others', as envoy ratelimit's
+/// `MERGE_DOMAIN_CONFIG` does). An error comes with the index of the file it is in.
+pub(crate) fn compile(files: Vec<RawDomain>) -> Result<DomainRules, (usize, RulesError)> {
+    let Some(first) = files.first() else {
+        return Err((0, RulesError::new("domain", "is missing")));
+    };
+    let name = first.domain.clone();
+    if name.is_empty() {
+        return Err((0, RulesError::new("domain", "is empty")));
     }
-    if raw.domain.len() > MAX_TEXT_BYTES {
-        return Err(RulesError::new(
-            "domain",
-            format!("longer than {MAX_TEXT_BYTES} bytes"),
+    if name.len() > MAX_TEXT_BYTES {
+        return Err((
+            0,
+            RulesError::new("domain", format!("longer than {MAX_TEXT_BYTES} bytes")),
         ));
     }
     let mut builder = Builder {
         nodes: Vec::new(),
         names: HashMap::new(),
         replacing: Vec::new(),
+        file: 0,
+        files: files.len(),
     };
-    let top = builder.level(&raw.descriptors, &RuleId::domain(&raw.domain), "", 1, true)?;
+    let top_id = RuleId::domain(&name);
+    let mut top = Level::default();
+    let mut seen = HashMap::new();
+    for (file, raw) in files.iter().enumerate() {
+        builder.file = file;
+        let at = Place {
+            id: top_id.clone(),
+            path: Vec::new(),
+            here: String::new(),
+            fixed: true,
+            shared: 0,
+            value_to_metric: 0,
+        };
+        builder
+            .level(&mut top, &mut seen, &raw.descriptors, &at)
+            .map_err(|e| (file, e))?;
+    }
     // Every name a rule replaces must be a limit of this domain.
-    for (here, names) in &builder.replacing {
+    for (file, here, names) in &builder.replacing {
         for (i, name) in names.iter().enumerate() {
             if !builder.names.contains_key(name) {
-                return Err(RulesError::new(
-                    format!("{here}.rate_limit.replaces[{i}].name"),
-                    format!("no limit of this domain is named '{name}'"),
+                return Err((
+                    *file,
+                    RulesError::new(
+                        format!("{here}.rate_limit.replaces[{i}].name"),
+                        format!("no limit of this domain is named '{name}'"),
+                    ),
                 ));
             }
         }
     }
     Ok(DomainRules {
-        name: raw.domain,
+        name,
         nodes: builder.nodes,
         top,
     })
@@ -89,29 +125,55 @@ fn compile(raw: RawDomain) -> Result<DomainRules, RulesError> {
 
 struct Builder {
     nodes: Vec<Node>,
-    /// Limit names, with the path of the descriptor giving each.
+    /// Limit names, with where the descriptor giving each is.
     names: HashMap<String, String>,
-    /// The names each replacing rule replaces, by its path.
-    replacing: Vec<(String, Vec<String>)>,
+    /// The names each replacing rule replaces, by its file and path.
+    replacing: Vec<(usize, String, Vec<String>)>,
+    /// The file being read, and how many there are.
+    file: usize,
+    files: usize,
+}
+
+/// A place in the tree being built: what the levels above it say.
+struct Place {
+    id: RuleId,
+    /// Each level's key and value as written.
+    path: Vec<(String, Option<String>)>,
+    /// Its field path in the file (`descriptors[2].descriptors[0]`; empty at the top).
+    here: String,
+    /// Every level above is an exact value or a shared wildcard.
+    fixed: bool,
+    /// The levels whose value is a shared wildcard ([`Rule::shared_levels`]).
+    shared: u32,
+    /// The levels whose request value names the metric ([`Rule::value_to_metric_levels`]).
+    value_to_metric: u32,
 }
 
 impl Builder {
-    /// One level's descriptors under `parent`; `exact`: every level above is an exact value.
+    /// Where a descriptor is, for a message: its path, and its file when there are several.
+    fn whereabouts(&self, file: usize, here: &str) -> String {
+        if self.files > 1 {
+            format!("{here} of file {}", file + 1)
+        } else {
+            here.to_owned()
+        }
+    }
+
+    /// One level's descriptors under `parent`, into `level`; `seen`: the (key, value) pairs
+    /// given at this level so far, with where.
     fn level(
         &mut self,
+        level: &mut Level,
+        seen: &mut HashMap<(String, Option<String>), (usize, String)>,
         descriptors: &[RawDescriptor],
-        parent: &RuleId,
-        path: &str,
-        depth: usize,
-        exact: bool,
-    ) -> Result<Level, RulesError> {
-        let mut level = Level::default();
-        let mut seen = HashSet::new();
+        parent: &Place,
+    ) -> Result<(), RulesError> {
+        let depth = parent.path.len() + 1;
         for (i, raw) in descriptors.iter().enumerate() {
-            let here = if path.is_empty() {
+            let here = if parent.here.is_empty() {
                 format!("descriptors[{i}]")
             } else {
-                format!("{path}.descriptors[{i}]")
+                format!("{}.descriptors[{i}]", parent.here)
             };
             if depth > MAX_DEPTH {
                 return Err(RulesError::new(
@@ -134,7 +196,9 @@ impl Builder {
                     format!("longer than {MAX_TEXT_BYTES} bytes"),
                 ));
             }
-            if let Some(value) = &raw.value
+            // An empty value is no value, as envoy ratelimit reads it.
+            let value = raw.value.clone().filter(|value| !value.is_empty());
+            if let Some(value) = &value
                 && value.len() > MAX_TEXT_BYTES
             {
                 return Err(RulesError::new(
@@ -142,65 +206,91 @@ impl Builder {
                     format!("longer than {MAX_TEXT_BYTES} bytes"),
                 ));
             }
-            if !seen.insert((raw.key.as_str(), raw.value.as_deref())) {
-                let what = match &raw.value {
-                    Some(value) => format!("key '{}' with value '{value}'", raw.key),
-                    None => format!("key '{}' without a value", raw.key),
+            let what = match &value {
+                Some(value) => format!("key '{}' with value '{value}'", raw.key),
+                None => format!("key '{}' without a value", raw.key),
+            };
+            if let Some((file, first)) = seen.get(&(raw.key.clone(), value.clone())) {
+                let message = if *file == self.file {
+                    format!("{what} is given twice at this level")
+                } else {
+                    format!("{what} is already given by {}", self.whereabouts(*file, first))
                 };
+                return Err(RulesError::new(here, message));
+            }
+            seen.insert((raw.key.clone(), value.clone()), (self.file, here.clone()));
+            let wildcard = value.as_deref().and_then(Wildcard::of);
+            if raw.share_threshold && wildcard.is_none() {
                 return Err(RulesError::new(
-                    here,
-                    format!("{what} is given twice at this level"),
+                    format!("{here}.share_threshold"),
+                    format!("only a wildcard value (with '*') can share a threshold, and {what} has none"),
                 ));
             }
-            let id = parent.child(&raw.key, raw.value.as_deref());
-            let exact = exact && raw.value.as_deref().is_some_and(|value| !value.ends_with('*'));
+            let bit = 1u32 << (depth - 1);
+            let shared = raw.share_threshold;
+            let at = Place {
+                id: parent.id.child(&raw.key, value.as_deref()),
+                path: {
+                    let mut path = parent.path.clone();
+                    path.push((raw.key.clone(), value.clone()));
+                    path
+                },
+                fixed: parent.fixed && (shared || (value.is_some() && wildcard.is_none())),
+                shared: parent.shared | if shared { bit } else { 0 },
+                // A value written exactly names the metric already; a shared wildcard names
+                // it by the wildcard.
+                value_to_metric: parent.value_to_metric
+                    | if raw.value_to_metric && !shared && (value.is_none() || wildcard.is_some()) {
+                        bit
+                    } else {
+                        0
+                    },
+                here,
+            };
             let rule = match &raw.rate_limit {
-                Some(limit) => Some(self.rule(limit, raw, &id, &here, exact)?),
+                Some(limit) => Some(self.rule(limit, raw, &at)?),
                 None => None,
             };
-            let children = self.level(&raw.descriptors, &id, &here, depth + 1, exact)?;
+            let mut children = Level::default();
+            self.level(&mut children, &mut HashMap::new(), &raw.descriptors, &at)?;
             let index = self.nodes.len();
             self.nodes.push(Node { rule, children });
             let key = raw.key.clone();
-            match raw.value.as_deref() {
-                None => {
+            match (value, wildcard) {
+                (None, _) => {
                     level.key_only.insert(key, index);
                 }
-                Some(value) => match value.strip_suffix('*') {
-                    Some(prefix) => {
-                        let prefixes = level.wildcard.entry(key).or_default();
-                        prefixes.push((prefix.to_owned(), index));
-                        prefixes.sort_by_key(|(prefix, _)| std::cmp::Reverse(prefix.len()));
-                    }
-                    None => {
-                        level
-                            .exact
-                            .entry(key)
-                            .or_default()
-                            .insert(value.to_owned(), index);
-                    }
-                },
+                (Some(value), Some(wildcard)) => {
+                    // A request's value written as the wildcard is, is that node's exactly
+                    // (as envoy ratelimit finds it).
+                    level.exact.entry(key.clone()).or_default().insert(value, index);
+                    level.wildcard.entry(key).or_default().push((wildcard, index));
+                }
+                (Some(value), None) => {
+                    level.exact.entry(key).or_default().insert(value, index);
+                }
             }
         }
-        Ok(level)
+        Ok(())
     }
 
     fn rule(
         &mut self,
         raw: &RawRateLimit,
         descriptor: &RawDescriptor,
-        id: &RuleId,
-        here: &str,
-        exact: bool,
+        at: &Place,
     ) -> Result<Rule, RulesError> {
+        let here = at.here.as_str();
         let field = |name: &str| format!("{here}.rate_limit.{name}");
-        let counted = raw.unit.is_some() || raw.requests_per_unit.is_some();
+        // An unlimited rule may keep a count it ignores, as envoy ratelimit allows; a unit
+        // would say it limits.
+        let counted = raw.unit.is_some() || (raw.requests_per_unit.is_some() && !raw.unlimited);
         let limit = match (raw.unlimited, &raw.quota, counted) {
             (true, None, false) => Limit::Unlimited,
             (true, _, _) => {
                 return Err(RulesError::new(
                     field("unlimited"),
-                    "an unlimited rule has no requests_per_unit, unit or quota",
+                    "an unlimited rule has no unit or quota",
                 ));
             }
             (false, Some(_), true) => {
@@ -259,7 +349,8 @@ impl Builder {
             if name.is_empty() {
                 return Err(RulesError::new(field("name"), "is empty"));
             }
-            if let Some(first) = self.names.insert(name.clone(), here.to_owned()) {
+            let whereabouts = self.whereabouts(self.file, here);
+            if let Some(first) = self.names.insert(name.clone(), whereabouts) {
                 return Err(RulesError::new(
                     field("name"),
                     format!("'{name}' is already the name of {first}"),
@@ -267,18 +358,38 @@ impl Builder {
             }
         }
         let replaces: Vec<String> = raw.replaces.iter().map(|r| r.name.clone()).collect();
+        for (i, replaced) in replaces.iter().enumerate() {
+            if replaced.is_empty() {
+                return Err(RulesError::new(
+                    format!("{here}.rate_limit.replaces[{i}].name"),
+                    "is empty",
+                ));
+            }
+            if raw.name.as_ref() == Some(replaced) {
+                return Err(RulesError::new(
+                    format!("{here}.rate_limit.replaces[{i}].name"),
+                    format!("'{replaced}' is this rule's own name: a rule cannot replace itself"),
+                ));
+            }
+        }
         if !replaces.is_empty() {
-            self.replacing.push((here.to_owned(), replaces.clone()));
+            self.replacing
+                .push((self.file, here.to_owned(), replaces.clone()));
         }
         Ok(Rule {
-            id: id.clone(),
+            id: at.id.clone(),
             limit,
             algorithm,
             name: raw.name.clone(),
             replaces,
             shadow_mode: descriptor.shadow_mode,
+            quota_mode: descriptor.quota_mode,
             detailed_metric: descriptor.detailed_metric,
-            exact,
+            value_to_metric_levels: at.value_to_metric,
+            shared_levels: at.shared,
+            exact: at.fixed,
+            metadata: descriptor.metadata.clone().map(Arc::new),
+            path: at.path.clone().into(),
         })
     }
 }

@@ -148,7 +148,7 @@ pub fn counter_key(rule: &Rule, entries: &[Entry<'_>]) -> String {
 pub fn push_counter_key(key: &mut String, rule: &Rule, entries: &[Entry<'_>]) {
     key.push_str(&rule.id.0);
     key.push(COUNTER);
-    // Every descriptor an exact rule matches is the same: its place names its one counter.
+    // Every descriptor an exact rule matches counts alike: its place names its one counter.
     if rule.exact {
         return;
     }
@@ -157,9 +157,64 @@ pub fn push_counter_key(key: &mut String, rule: &Rule, entries: &[Entry<'_>]) {
             key.push(LEVEL);
         }
         push_escaped(key, entry.key);
-        key.push(PAIR);
-        push_escaped(key, entry.value);
+        // A shared wildcard's values all count as one: the key alone stands for them (no
+        // request's entry is written without its value, so none can be taken for it).
+        if rule.shared_levels & level_bit(i) == 0 {
+            key.push(PAIR);
+            push_escaped(key, entry.value);
+        }
     }
+}
+
+/// The bit of level `i` in [`Rule::shared_levels`] and [`Rule::value_to_metric_levels`] (none
+/// past the deepest level).
+fn level_bit(i: usize) -> u32 {
+    u32::try_from(i)
+        .ok()
+        .and_then(|i| 1u32.checked_shl(i))
+        .unwrap_or(0)
+}
+
+/// The label of a request's own series under `rule` in the metrics, as envoy ratelimit names
+/// its stats (`key_value.key`): `None` when the rule's series is its own (no value of the
+/// request goes into its name). A `detailed_metric` rule names every value of the request; a
+/// level written `value_to_metric` names the request's value; a shared wildcard is named by
+/// the wildcard; every other level as written.
+///
+/// # Example
+/// ```
+/// use sluice_descriptors::{Entry, RuleSet, metric_label};
+/// let rules = RuleSet::from_yaml("domain: d\ndescriptors:\n  - key: user\n    value_to_metric: true\n    descriptors:\n      - key: path\n        rate_limit: {unit: second, requests_per_unit: 1}\n")?;
+/// let entries = [Entry { key: "user", value: "alice" }, Entry { key: "path", value: "/a" }];
+/// let rule = rules.find("d", &entries).unwrap();
+/// assert_eq!(metric_label(rule, &entries).as_deref(), Some("user_alice.path"));
+/// # Ok::<(), sluice_descriptors::RulesError>(())
+/// ```
+pub fn metric_label(rule: &Rule, entries: &[Entry<'_>]) -> Option<String> {
+    if !rule.detailed_metric && rule.value_to_metric_levels == 0 {
+        return None;
+    }
+    let mut label = String::new();
+    for (i, entry) in entries.iter().enumerate() {
+        if i > 0 {
+            label.push('.');
+        }
+        label.push_str(entry.key);
+        let bit = level_bit(i);
+        let written = rule.path.get(i).and_then(|(_, value)| value.as_deref());
+        let value = if rule.shared_levels & bit != 0 {
+            written
+        } else if rule.detailed_metric || rule.value_to_metric_levels & bit != 0 {
+            Some(entry.value)
+        } else {
+            written
+        };
+        if let Some(value) = value.filter(|value| !value.is_empty()) {
+            label.push('_');
+            label.push_str(value);
+        }
+    }
+    Some(label)
 }
 
 /// The value of the last entry a counter key was made of (unescaped); `None` for an exact

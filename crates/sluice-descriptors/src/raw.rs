@@ -1,6 +1,8 @@
 //! A rules file as written: envoy ratelimit's fields, and sluice's two extensions inside
 //! `rate_limit` (`quota`, `algorithm`).
 
+use crate::metadata::Metadata;
+
 use serde::{Deserialize, Deserializer};
 
 #[derive(Debug, Deserialize)]
@@ -23,6 +25,14 @@ pub(crate) struct RawDescriptor {
     pub shadow_mode: bool,
     #[serde(default)]
     pub detailed_metric: bool,
+    #[serde(default)]
+    pub quota_mode: bool,
+    #[serde(default)]
+    pub value_to_metric: bool,
+    #[serde(default)]
+    pub share_threshold: bool,
+    #[serde(default, deserialize_with = "crate::metadata::metadata")]
+    pub metadata: Option<Metadata>,
     #[serde(default, deserialize_with = "list")]
     pub descriptors: Vec<RawDescriptor>,
 }

@@ -2,6 +2,7 @@
 //! request descriptor (the tree is built and checked in `compile.rs`).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use foldhash::fast::RandomState;
 use sluice::{AlgorithmKind, Quota};
@@ -9,6 +10,7 @@ use sluice::{AlgorithmKind, Quota};
 use crate::compile::parse_domain;
 use crate::error::RulesError;
 use crate::key::RuleId;
+use crate::metadata::Metadata;
 
 /// The deepest nesting of descriptors read.
 pub const MAX_DEPTH: usize = 32;
@@ -36,7 +38,7 @@ pub enum Limit {
 }
 
 /// A descriptor with a `rate_limit`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Rule {
     /// Its place in the rules.
     pub id: RuleId,
@@ -50,22 +52,98 @@ pub struct Rule {
     pub replaces: Vec<String>,
     /// Counted and reported, never denying.
     pub shadow_mode: bool,
-    /// Metrics per value wanted (kept; the service does not act on it).
+    /// Over its limit, it does not deny by itself: a request is denied when every
+    /// quota-mode limit it is counted against is over (or any other limit is).
+    pub quota_mode: bool,
+    /// Its metric label names every value of the request ([`crate::metric_label`]).
     pub detailed_metric: bool,
-    /// Every level of its path is an exact value, so every descriptor it matches is the
-    /// same and one counter serves them all ([`crate::counter_key`] is then its place alone).
+    /// Bit `i`: the value at level `i` of its path is a `value_to_metric` key alone or
+    /// wildcard, so the request's own value goes into its metric label.
+    pub value_to_metric_levels: u32,
+    /// Bit `i`: the value at level `i` of its path is a `share_threshold` wildcard, so every
+    /// value it matches shares one counter ([`crate::counter_key`]).
+    pub shared_levels: u32,
+    /// Every level of its path is an exact value or a shared wildcard, so one counter serves
+    /// every descriptor it matches ([`crate::counter_key`] is then its place alone).
     pub exact: bool,
+    /// Its `metadata:`, returned for the descriptors it admits when the service is asked to.
+    pub metadata: Option<Arc<Metadata>>,
+    /// Its path as written, from the top: each level's key and value (`None`: the key alone).
+    pub path: Arc<[(String, Option<String>)]>,
+}
+
+impl Rule {
+    /// A rule on a path of one level, with nothing but a limit.
+    pub(crate) fn plain(id: RuleId, limit: Limit, key: &str, value: Option<String>) -> Self {
+        Self {
+            id,
+            limit,
+            algorithm: None,
+            name: None,
+            replaces: Vec::new(),
+            shadow_mode: false,
+            quota_mode: false,
+            detailed_metric: false,
+            value_to_metric_levels: 0,
+            shared_levels: 0,
+            exact: value.is_some(),
+            metadata: None,
+            path: Arc::from([(key.to_owned(), value)]),
+        }
+    }
+}
+
+/// A value with `*` in it: each `*` matches any run of characters (none included), as envoy
+/// ratelimit matches `foo*`, `bar*b` and `foo*bar*baz`.
+#[derive(Clone, Debug)]
+pub(crate) struct Wildcard {
+    /// The value split at each `*` (so at least two parts).
+    parts: Vec<String>,
+}
+
+impl Wildcard {
+    /// The wildcard `value` is, if it has a `*`.
+    pub(crate) fn of(value: &str) -> Option<Self> {
+        value.contains('*').then(|| Self {
+            parts: value.split('*').map(str::to_owned).collect(),
+        })
+    }
+
+    /// Whether `value` matches: it starts with the first part, ends with the last, and holds
+    /// the others in order between them, none overlapping.
+    pub(crate) fn matches(&self, value: &str) -> bool {
+        let (Some(first), Some(last)) = (self.parts.first(), self.parts.last()) else {
+            return false;
+        };
+        let fixed: usize = self.parts.iter().map(String::len).sum();
+        if value.len() < fixed || !value.starts_with(first.as_str()) || !value.ends_with(last.as_str()) {
+            return false;
+        }
+        // Both ends are on character boundaries (they matched whole strings) and do not
+        // overlap (the value holds every part's length).
+        let Some(mut rest) = value.get(first.len()..value.len() - last.len()) else {
+            return false;
+        };
+        for part in &self.parts[1..self.parts.len() - 1] {
+            match rest.find(part.as_str()) {
+                Some(at) => rest = &rest[at + part.len()..],
+                None => return false,
+            }
+        }
+        true
+    }
 }
 
 pub(crate) type Map<V> = HashMap<String, V, RandomState>;
 
-/// One level of descriptors: exact values, value prefixes (`prefix*`), and key-only ones.
+/// One level of descriptors: exact values, wildcard values (`prefix*`, `a*b`), and key-only
+/// ones.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Level {
     /// By key, then value.
     pub(crate) exact: Map<Map<usize>>,
-    /// By key: (prefix, node), longest prefix first.
-    pub(crate) wildcard: Map<Vec<(String, usize)>>,
+    /// By key: (wildcard, node), in the file's order (the first that matches is taken).
+    pub(crate) wildcard: Map<Vec<(Wildcard, usize)>>,
     /// By key.
     pub(crate) key_only: Map<usize>,
 }
@@ -79,10 +157,10 @@ impl Level {
         {
             return Some(*node);
         }
-        if let Some(prefixes) = self.wildcard.get(entry.key)
-            && let Some((_, node)) = prefixes
+        if let Some(wildcards) = self.wildcard.get(entry.key)
+            && let Some((_, node)) = wildcards
                 .iter()
-                .find(|(prefix, _)| entry.value.starts_with(prefix.as_str()))
+                .find(|(wildcard, _)| wildcard.matches(entry.value))
         {
             return Some(*node);
         }
@@ -157,16 +235,6 @@ impl DomainRules {
         text("domain", domain)?;
         text("key", key)?;
         let parent = RuleId::domain(domain);
-        let rule = |id: RuleId, quota: Quota, exact: bool| Rule {
-            id,
-            limit: Limit::Quota(quota),
-            algorithm: None,
-            name: None,
-            replaces: Vec::new(),
-            shadow_mode: false,
-            detailed_metric: false,
-            exact,
-        };
         let mut nodes = Vec::new();
         let mut top = Level::default();
         let mut add = |value: Option<String>, quota: Quota| {
@@ -179,7 +247,7 @@ impl DomainRules {
             let index = nodes.len();
             let id = parent.child(key, value.as_deref());
             nodes.push(Node {
-                rule: Some(rule(id, quota, value.is_some())),
+                rule: Some(Rule::plain(id, Limit::Quota(quota), key, value.clone())),
                 children: Level::default(),
             });
             match value {
@@ -210,7 +278,7 @@ impl DomainRules {
     }
 
     /// The rule for a request descriptor: the entries walked level by level; at each, an
-    /// exact value first, then the longest matching `prefix*`, then the key alone. The rule
+    /// exact value first, then the first wildcard value that matches, then the key alone. The rule
     /// is that of the node the last entry reaches, if it has a limit.
     ///
     /// # Example

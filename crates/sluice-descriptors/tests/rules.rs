@@ -183,6 +183,16 @@ fn model_quota(index: usize) -> String {
     format!("{}/s", index + 1)
 }
 
+/// Whether `value` matches `pattern`, each `*` any run of bytes: by backtracking, the plainest
+/// way to say it.
+fn glob(pattern: &[u8], value: &[u8]) -> bool {
+    match pattern.split_first() {
+        None => value.is_empty(),
+        Some((b'*', rest)) => (0..=value.len()).any(|skip| glob(rest, &value[skip..])),
+        Some((c, rest)) => value.first() == Some(c) && glob(rest, &value[1..]),
+    }
+}
+
 /// Envoy's walk, by linear search over every rule's path.
 fn model_find(rules: &[ModelRule], entries: &[(String, String)]) -> Option<usize> {
     let mut prefix: Vec<(String, Option<String>)> = Vec::new();
@@ -193,15 +203,15 @@ fn model_find(rules: &[ModelRule], entries: &[(String, String)]) -> Option<usize
             })
         };
         let exact = (key.clone(), Some(value.clone()));
+        // The first wildcard in the file's order (the order the rules first give each step).
         let wildcard = rules
             .iter()
             .filter(|rule| rule.path.len() > depth && rule.path[..depth] == prefix[..])
-            .filter_map(|rule| {
+            .find_map(|rule| {
                 let (k, v) = &rule.path[depth];
-                let p = v.as_ref()?.strip_suffix('*')?;
-                (k == key && value.starts_with(p)).then(|| rule.path[depth].clone())
-            })
-            .max_by_key(|(_, v)| v.as_ref().map_or(0, String::len));
+                let pattern = v.as_ref().filter(|v| v.contains('*'))?;
+                (k == key && glob(pattern.as_bytes(), value.as_bytes())).then(|| rule.path[depth].clone())
+            });
         let step = if at_level(&exact) {
             exact
         } else if let Some(w) = wildcard {
@@ -263,7 +273,9 @@ fn yaml(rules: &[ModelRule]) -> String {
 fn step() -> impl Strategy<Value = (String, Option<String>)> {
     (
         prop::sample::select(vec!["a", "b"]),
-        prop::option::of(prop::sample::select(vec!["x", "y", "xy", "x*", "xy*", "*"])),
+        prop::option::of(prop::sample::select(vec![
+            "x", "y", "xy", "x*", "xy*", "*", "x*z", "*y", "x*y*z", "**",
+        ])),
     )
         .prop_map(|(k, v)| (k.to_string(), v.map(str::to_string)))
 }
@@ -275,7 +287,7 @@ proptest! {
     fn find_agrees_with_the_model(
         paths in prop::collection::vec((prop::collection::vec(step(), 1..4), any::<bool>()), 1..12),
         requests in prop::collection::vec(
-            prop::collection::vec((prop::sample::select(vec!["a", "b"]), prop::sample::select(vec!["x", "y", "xy", "xyz", "z", ""])), 1..4),
+            prop::collection::vec((prop::sample::select(vec!["a", "b"]), prop::sample::select(vec!["x", "y", "xy", "xyz", "z", "", "xz", "xyyz", "x*", "*"])), 1..4),
             1..20,
         ),
     ) {
