@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
-use sluice_descriptors::RuleSet;
+use sluice_descriptors::{LoadOptions, RuleSet};
 use sluice_rules_client::{DEFAULT_MAX_BYTES, Fetched, PollError, Snapshot, SnapshotError};
 use sluice_service::{CheckApi, Engine, EngineSettings, RateLimitService, RedisCounters};
 use tokio::net::TcpListener;
@@ -86,6 +86,9 @@ pub async fn start(
         algorithm: settings.limiter.algorithm,
         counting: service.counting,
         headers: service.headers,
+        shadow: service.answers.shadow,
+        quota_mode: service.answers.quota_mode,
+        dynamic_metadata: service.answers.dynamic_metadata,
         counters: sluice_service::CounterSettings {
             capacity: settings.limiter.capacity,
             ..sluice_service::CounterSettings::default()
@@ -142,8 +145,8 @@ pub async fn start(
     drop(stdout);
     let engine = Arc::clone(&running.engine);
     match &service.rules {
-        RulesFrom::Files { path, .. } => {
-            tokio::spawn(watch_files(path.clone(), engine, state, stop));
+        RulesFrom::Files { path, options, .. } => {
+            tokio::spawn(watch_files(path.clone(), *options, engine, state, stop));
         }
         RulesFrom::Service(remote) => {
             tokio::spawn(poll_service(remote.clone(), held, engine, state, stop));
@@ -218,7 +221,13 @@ async fn stopped(mut stop: watch::Receiver<bool>) {
 
 /// Reloads the rules when their files change and hold still; a bad set is logged once and the
 /// running rules stay.
-async fn watch_files(path: PathBuf, engine: Arc<Engine>, state: Arc<HostState>, stop: watch::Receiver<bool>) {
+async fn watch_files(
+    path: PathBuf,
+    options: LoadOptions,
+    engine: Arc<Engine>,
+    state: Arc<HostState>,
+    stop: watch::Receiver<bool>,
+) {
     // What the running rules were loaded from: coming back to it needs no reload.
     let mut applied = contents(&path);
     let mut watch = Watch::new(applied.clone(), || Ok::<_, Infallible>(contents(&path)));
@@ -232,7 +241,7 @@ async fn watch_files(path: PathBuf, engine: Arc<Engine>, state: Arc<HostState>, 
         if now == applied {
             continue;
         }
-        match RuleSet::load(&path) {
+        match RuleSet::load_with(&path, options) {
             Ok(rules) => {
                 let count = rules.len();
                 match engine.reload(rules) {

@@ -9,6 +9,7 @@ use sluice_http::{
     ClientIpHeader, CostRule, IpNet, KeyPart, LayerBuildError, RateLimitLayer, normalize_path,
 };
 
+use super::Answers;
 use super::raw::{RawConfig, RawCost, RawKey, RawListener, RawRls, RawRules, RawRulesService, RawWait};
 use super::{
     ConfigError, Counting, DEFAULT_MAX_WAIT, DEFAULT_QUEUE_LIMIT, DEFAULT_RULES_POLL, DEFAULT_RULES_SNAPSHOT,
@@ -199,6 +200,7 @@ impl RawConfig {
             self.rls.as_ref(),
             self.api.as_ref(),
             self.counting.as_deref(),
+            self.merge_domains,
             dir,
         )?;
         if let Some(ServiceSettings {
@@ -395,13 +397,16 @@ fn service(
     rls: Option<&RawRls>,
     api: Option<&RawListener>,
     counting: Option<&str>,
+    merge_domains: bool,
     dir: Option<&std::path::Path>,
 ) -> Result<Option<ServiceSettings>, ConfigError> {
     let address = |field: &str, text: &str| {
         text.parse::<SocketAddr>()
             .map_err(|e| error(field, format!("invalid address {text:?}: {e}")))
     };
-    let rls_listen = rls.map(|r| address("rls.listen", &r.listen)).transpose()?;
+    let rls_listen = (rls.and_then(|r| r.listen.as_deref()))
+        .map(|listen| address("rls.listen", listen))
+        .transpose()?;
     let api_listen = api.map(|a| address("api.listen", &a.listen)).transpose()?;
     let headers = match rls.and_then(|r| r.headers.as_deref()) {
         Some(text) => text.parse().map_err(|e| error("rls.headers", e))?,
@@ -412,8 +417,8 @@ fn service(
         None => Counting::default(),
     };
     let Some(rules) = rules else {
-        if rls_listen.is_some() || api_listen.is_some() {
-            let field = if rls_listen.is_some() { "rls" } else { "api" };
+        if rls.is_some() || api_listen.is_some() {
+            let field = if rls.is_some() { "rls" } else { "api" };
             return Err(error(
                 field,
                 "the service needs rules: give `rules: FILE_OR_DIRECTORY` or `rules: {url: ...}`",
@@ -421,23 +426,38 @@ fn service(
         }
         return Ok(None);
     };
+    let options = sluice_descriptors::LoadOptions { merge_domains };
     let rules = match rules {
         RawRules::Path(written) => {
             let path = in_dir(dir, written);
-            let loaded = sluice_descriptors::RuleSet::load(&path).map_err(|e| error("rules", e))?;
+            let loaded =
+                sluice_descriptors::RuleSet::load_with(&path, options).map_err(|e| error("rules", e))?;
             RulesFrom::Files {
                 path,
+                options,
                 loaded: std::sync::Arc::new(LoadedRules(loaded)),
             }
         }
+        RawRules::Service(_) if merge_domains => {
+            return Err(error(
+                "merge_domains",
+                "merges rules files; a rules service holds one document per domain",
+            ));
+        }
         RawRules::Service(service) => RulesFrom::Service(rules_service(service, dir)?),
     };
+    let answers = rls.map_or(Answers::default(), |rls| Answers {
+        shadow: rls.shadow,
+        quota_mode: rls.quota_mode,
+        dynamic_metadata: rls.dynamic_metadata,
+    });
     Ok(Some(ServiceSettings {
         rules,
         rls: rls_listen,
         api: api_listen,
         counting,
         headers,
+        answers,
     }))
 }
 

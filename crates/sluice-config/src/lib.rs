@@ -307,6 +307,28 @@ pub struct ServiceSettings {
     pub counting: Counting,
     /// The rate-limit header fields answers carry (`rls.headers`).
     pub headers: FieldSet,
+    /// How answers are given beyond the rules (`rls.shadow`, `rls.quota_mode`,
+    /// `rls.dynamic_metadata`).
+    pub answers: Answers,
+}
+
+/// How the service answers beyond what the rules say: envoy ratelimit's global settings.
+///
+/// ```
+/// let file = "rules: {url: http://127.0.0.1:8083}\nrls: {shadow: true, dynamic_metadata: true}\n";
+/// let service = sluice_config::parse(file)?.service.unwrap();
+/// assert!(service.answers.shadow && service.answers.dynamic_metadata && !service.answers.quota_mode);
+/// assert_eq!(service.rls, None);
+/// # Ok::<(), sluice_config::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Answers {
+    /// `rls.shadow`: every request answered OK, counted and reported as if enforced.
+    pub shadow: bool,
+    /// `rls.quota_mode`: every rule in quota mode.
+    pub quota_mode: bool,
+    /// `rls.dynamic_metadata`: answers carry the request and the admitting rules' metadata.
+    pub dynamic_metadata: bool,
 }
 
 /// Where the service's rules come from.
@@ -323,6 +345,8 @@ pub enum RulesFrom {
     Files {
         /// The file or directory (relative paths resolved against the config's directory).
         path: std::path::PathBuf,
+        /// How they are read (`merge_domains`).
+        options: sluice_descriptors::LoadOptions,
         /// The rules, loaded and checked.
         loaded: std::sync::Arc<LoadedRules>,
     },

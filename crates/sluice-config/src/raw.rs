@@ -55,6 +55,8 @@ pub(super) struct RawConfig {
     pub api: Option<RawListener>,
     /// How one request's descriptors are counted (`all_or_nothing` when left out).
     pub counting: Option<String>,
+    /// Rules files giving one domain are merged (envoy ratelimit's `MERGE_DOMAIN_CONFIG`).
+    pub merge_domains: bool,
     /// The admin listener: metrics, health, the keys being limited.
     pub admin: Option<RawListener>,
     /// Denials logged a second at most (`DEFAULT_DENIED_LOG` when left out; 0: none).
@@ -97,6 +99,7 @@ impl Default for RawConfig {
             rls: None,
             api: None,
             counting: None,
+            merge_domains: false,
             admin: None,
             denied_log: None,
         }
@@ -147,10 +150,21 @@ pub(super) struct RawCost {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawRls {
-    pub listen: String,
+    /// Where RLS listens; left out, the section only sets how the service answers.
+    #[serde(default)]
+    pub listen: Option<String>,
     /// The rate-limit fields answers carry (`none` when left out).
     #[serde(default)]
     pub headers: Option<String>,
+    /// Every request answered OK, counted as if enforced (envoy's `SHADOW_MODE`).
+    #[serde(default)]
+    pub shadow: bool,
+    /// Every rule in quota mode (envoy's `QUOTA_MODE`).
+    #[serde(default)]
+    pub quota_mode: bool,
+    /// Answers carry dynamic metadata (envoy's `RESPONSE_DYNAMIC_METADATA`).
+    #[serde(default)]
+    pub dynamic_metadata: bool,
 }
 
 /// A section that only says where to listen.

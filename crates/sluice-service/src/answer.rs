@@ -4,10 +4,13 @@
 
 use std::time::Duration;
 
+use std::collections::BTreeMap;
+
 use sluice::{CheckError, Decision, Quota};
-use sluice_descriptors::Rule;
+use sluice_descriptors::{Metadata, Rule};
 
 use crate::generation::Generation;
+use crate::request::CheckRequest;
 use crate::settings::FieldSet;
 use crate::store::Count;
 
@@ -32,6 +35,9 @@ pub struct AppliedLimit {
     pub rule: sluice_descriptors::RuleId,
     /// Counted and reported, never denying.
     pub shadow_mode: bool,
+    /// Over its limit, it denies only with every other quota-mode limit of the request (its
+    /// rule's `quota_mode`, or `rls.quota_mode`).
+    pub quota_mode: bool,
 }
 
 /// One descriptor's answer.
@@ -51,7 +57,7 @@ pub struct DescriptorStatus {
 }
 
 /// A request's answer.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Verdict {
     /// Over a limit if any descriptor not in shadow mode is.
     pub overall: Code,
@@ -59,6 +65,11 @@ pub struct Verdict {
     pub statuses: Vec<DescriptorStatus>,
     /// The rate-limit fields for the client's response, from the most restrictive status.
     pub headers: Vec<(String, String)>,
+    /// With `rls.dynamic_metadata`: a map of the request (`domain`, `descriptors` with their
+    /// `entries` as `key=value`, and `limit` and `hitsAddend` where given, `hitsAddend`) and
+    /// `metadata`, the `metadata:` of every rule that admitted its descriptor merged in order
+    /// ([`Metadata::merge`]), as envoy ratelimit writes it.
+    pub dynamic_metadata: Option<Metadata>,
 }
 
 /// One descriptor's answer while the rules it was decided on are at hand.
@@ -148,7 +159,7 @@ impl<'g> Status<'g> {
         (answer, Some(self.quota))
     }
 
-    fn to_public(self) -> DescriptorStatus {
+    fn to_public(self, quota_mode: bool) -> DescriptorStatus {
         let Some(rule) = self.rule else {
             return DescriptorStatus {
                 code: Code::Ok,
@@ -166,6 +177,7 @@ impl<'g> Status<'g> {
                 name: rule.name.clone(),
                 rule: rule.id.clone(),
                 shadow_mode: rule.shadow_mode,
+                quota_mode,
             }),
             remaining: d.remaining(),
             reset_after: d.reset_after(),
@@ -196,15 +208,58 @@ impl Outcome<'_, '_> {
         let mut counted = self.counts.iter().zip(self.statuses).peekable();
         let statuses = (0..self.descriptors)
             .map(|index| match counted.next_if(|(count, _)| count.index == index) {
-                Some((_, status)) => status.to_public(),
-                None => Status::UNLIMITED.to_public(),
+                Some((count, status)) => status.to_public(count.quota_mode),
+                None => Status::UNLIMITED.to_public(false),
             })
             .collect();
         Verdict {
             overall: if self.denied { Code::OverLimit } else { Code::Ok },
             statuses,
             headers: self.headers(headers),
+            dynamic_metadata: None,
         }
+    }
+
+    /// The dynamic metadata of `request`'s answer ([`Verdict::dynamic_metadata`]).
+    pub(crate) fn dynamic_metadata(&self, request: &CheckRequest) -> Metadata {
+        let text = |text: &str| Metadata::String(text.to_owned());
+        let number = |n: u64| Metadata::Number(n as f64);
+        let mut fields = BTreeMap::new();
+        fields.insert("domain".to_owned(), text(&request.domain));
+        let descriptors = (request.descriptors.iter())
+            .map(|descriptor| {
+                let mut fields = BTreeMap::new();
+                let entries = (descriptor.entries.iter())
+                    .map(|(key, value)| Metadata::String(format!("{key}={value}")))
+                    .collect();
+                fields.insert("entries".to_owned(), Metadata::List(entries));
+                if let Some(limit) = descriptor.limit {
+                    fields.insert("limit".to_owned(), text(&limit.to_string()));
+                }
+                if let Some(hits) = descriptor.hits {
+                    fields.insert("hitsAddend".to_owned(), number(hits));
+                }
+                Metadata::Map(fields)
+            })
+            .collect();
+        fields.insert("descriptors".to_owned(), Metadata::List(descriptors));
+        if let Some(hits) = request.hits.filter(|hits| *hits != 0) {
+            fields.insert("hitsAddend".to_owned(), number(hits));
+        }
+        // The metadata of every rule that admitted its descriptor (a shadow rule always does).
+        let mut passed = Metadata::Map(BTreeMap::new());
+        for status in self.statuses {
+            if let Some(rule) = status.rule
+                && (!status.is_over() || rule.shadow_mode)
+                && let Some(metadata) = &rule.metadata
+            {
+                passed.merge(metadata);
+            }
+        }
+        if matches!(&passed, Metadata::Map(map) if !map.is_empty()) {
+            fields.insert("metadata".to_owned(), passed);
+        }
+        Metadata::Map(fields)
     }
 
     /// The header fields of the most restrictive status: a denying one, else the limited one with

@@ -106,6 +106,8 @@ struct VerdictBody {
     statuses: Vec<StatusBody>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     headers: Vec<HeaderBody>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dynamic_metadata: Option<serde_json::Value>,
 }
 
 #[derive(Serialize)]
@@ -131,6 +133,8 @@ struct LimitBody {
     name: Option<String>,
     quota: String,
     shadow_mode: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    quota_mode: bool,
 }
 
 fn problem(status: StatusCode, title: &'static str, detail: String) -> Response {
@@ -272,6 +276,7 @@ fn status_body(status: &DescriptorStatus) -> StatusBody {
             name: limit.name.clone(),
             quota: quota_text(limit.quota),
             shadow_mode: limit.shadow_mode,
+            quota_mode: limit.quota_mode,
         }),
         limit_remaining: status.remaining,
         duration_until_reset_ms: millis(status.reset_after),
@@ -288,5 +293,24 @@ fn to_body(verdict: Verdict) -> VerdictBody {
             .into_iter()
             .map(|(name, value)| HeaderBody { name, value })
             .collect(),
+        dynamic_metadata: verdict.dynamic_metadata.as_ref().map(json_of),
+    }
+}
+
+/// A metadata tree as JSON (a number JSON cannot write, NaN or infinite, is null).
+fn json_of(metadata: &sluice_descriptors::Metadata) -> serde_json::Value {
+    use serde_json::Value;
+    use sluice_descriptors::Metadata;
+    match metadata {
+        Metadata::Null => Value::Null,
+        Metadata::Bool(b) => Value::Bool(*b),
+        Metadata::Number(n) => serde_json::Number::from_f64(*n).map_or(Value::Null, Value::Number),
+        Metadata::String(s) => Value::String(s.clone()),
+        Metadata::List(items) => Value::Array(items.iter().map(json_of).collect()),
+        Metadata::Map(fields) => Value::Object(
+            (fields.iter())
+                .map(|(name, value)| (name.clone(), json_of(value)))
+                .collect(),
+        ),
     }
 }

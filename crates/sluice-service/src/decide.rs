@@ -2,7 +2,9 @@
 //! check API. A request's descriptors are matched to their rules (a rule another matched rule
 //! `replaces` is dropped, an `unlimited` one counts nothing), the limits are counted by the
 //! generation's store, and the answer is recorded (statistics, the paced denied log, latency)
-//! before the front end reads it. Shadow-mode limits count and report but never deny.
+//! before the front end reads it. Shadow-mode limits count and report but never deny; a
+//! quota-mode limit over denies only with every other quota-mode limit of the request
+//! ([`Denial`]); in global shadow mode every request is answered OK.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -17,7 +19,7 @@ use crate::engine::Engine;
 use crate::generation::Generation;
 use crate::request::{Descriptor, Request, RequestError, descriptor_key};
 use crate::stats::FrontEnd;
-use crate::store::{Count, Counted, Tally};
+use crate::store::{Count, Counted, Denial, Tally};
 
 thread_local! {
     /// The counters' keys of a decision in memory, kept between decisions on this thread so a
@@ -86,8 +88,8 @@ impl Engine {
                         .as_ref()
                         .and_then(|count| generation.store.take_now(count, &keys));
                     if count.is_none() || status.is_some() {
-                        let denied = status.as_ref().is_some_and(Status::denies);
                         let (counts, statuses) = (count.as_slice(), status.as_slice());
+                        let denied = Denial::of(counts, statuses);
                         let answer = self.finish(
                             &generation,
                             request,
@@ -204,6 +206,7 @@ impl Engine {
             key: start..keys.len(),
             cost: if peek { 0 } else { descriptor.hits },
             quota,
+            quota_mode: rule.quota_mode || self.settings.quota_mode,
         })
     }
 
@@ -227,7 +230,8 @@ impl Engine {
             self.record_latency(front, started.elapsed());
         }
         read(&Outcome {
-            denied,
+            // Global shadow mode: counted and recorded as enforced, answered OK.
+            denied: denied && !self.settings.shadow,
             descriptors: request.descriptors.len(),
             counts,
             statuses,

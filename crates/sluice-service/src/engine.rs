@@ -367,16 +367,22 @@ impl Engine {
         request: &CheckRequest,
         peek: bool,
     ) -> Result<Verdict, RequestError> {
-        let headers = self.settings.headers;
+        let (headers, dynamic_metadata) = (self.settings.headers, self.settings.dynamic_metadata);
         let entries = request.entries();
         let descriptors = request.descriptors(&entries);
         let view = Request {
             domain: &request.domain,
             descriptors: &descriptors,
         };
-        self.decide(front, view, peek, move |outcome| outcome.to_verdict(headers))
-            .answer()
-            .await
+        self.decide(front, view, peek, move |outcome| {
+            let mut verdict = outcome.to_verdict(headers);
+            if dynamic_metadata {
+                verdict.dynamic_metadata = Some(outcome.dynamic_metadata(request));
+            }
+            verdict
+        })
+        .answer()
+        .await
     }
 }
 

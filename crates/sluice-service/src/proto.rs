@@ -82,6 +82,86 @@ pub struct RateLimitResponse {
     /// Headers for the upstream request.
     #[prost(message, repeated, tag = "4")]
     pub request_headers_to_add: Vec<HeaderValue>,
+    /// What later filters and access logs may read: the request, and the `metadata:` of the
+    /// rules that admitted it (with `rls.dynamic_metadata`).
+    #[prost(message, optional, tag = "6")]
+    pub dynamic_metadata: Option<Struct>,
+}
+
+/// `google.protobuf.Struct`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Struct {
+    /// Its fields by name.
+    #[prost(btree_map = "string, message", tag = "1")]
+    pub fields: std::collections::BTreeMap<String, Value>,
+}
+
+/// `google.protobuf.Value`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Value {
+    /// What it holds.
+    #[prost(oneof = "Kind", tags = "1, 2, 3, 4, 5, 6")]
+    pub kind: Option<Kind>,
+}
+
+/// `google.protobuf.Value.kind`.
+#[derive(Clone, PartialEq, prost::Oneof)]
+pub enum Kind {
+    /// `null` (`NullValue.NULL_VALUE`, 0).
+    #[prost(int32, tag = "1")]
+    Null(i32),
+    /// A number.
+    #[prost(double, tag = "2")]
+    Number(f64),
+    /// A string.
+    #[prost(string, tag = "3")]
+    String(String),
+    /// A bool.
+    #[prost(bool, tag = "4")]
+    Bool(bool),
+    /// A map.
+    #[prost(message, tag = "5")]
+    Struct(Struct),
+    /// A list.
+    #[prost(message, tag = "6")]
+    List(ListValue),
+}
+
+/// `google.protobuf.ListValue`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ListValue {
+    /// Its items.
+    #[prost(message, repeated, tag = "1")]
+    pub values: Vec<Value>,
+}
+
+impl Value {
+    /// The protobuf value of a rule's metadata.
+    pub fn of(metadata: &sluice_descriptors::Metadata) -> Self {
+        use sluice_descriptors::Metadata;
+        let kind = match metadata {
+            Metadata::Null => Kind::Null(0),
+            Metadata::Bool(b) => Kind::Bool(*b),
+            Metadata::Number(n) => Kind::Number(*n),
+            Metadata::String(s) => Kind::String(s.clone()),
+            Metadata::List(items) => Kind::List(ListValue {
+                values: items.iter().map(Value::of).collect(),
+            }),
+            Metadata::Map(fields) => Kind::Struct(Struct::of(fields)),
+        };
+        Self { kind: Some(kind) }
+    }
+}
+
+impl Struct {
+    /// The protobuf struct of a metadata map.
+    pub fn of(fields: &std::collections::BTreeMap<String, sluice_descriptors::Metadata>) -> Self {
+        Self {
+            fields: (fields.iter())
+                .map(|(name, value)| (name.clone(), Value::of(value)))
+                .collect(),
+        }
+    }
 }
 
 /// `RateLimitResponse.DescriptorStatus`.

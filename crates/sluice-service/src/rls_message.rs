@@ -9,6 +9,8 @@ use prost::Message;
 use crate::proto::{self, Unit};
 use crate::request::WireDescriptor;
 use crate::stats::FrontEnd;
+use sluice_descriptors::Metadata;
+
 use crate::{CheckRequest, Code, DescriptorRequest, DescriptorStatus, Engine, RequestError, Verdict};
 
 /// The largest request message read: bounds what one call can make the server decode.
@@ -107,6 +109,10 @@ fn to_proto(verdict: Verdict) -> proto::RateLimitResponse {
             .map(|(key, value)| proto::HeaderValue { key, value })
             .collect(),
         request_headers_to_add: Vec::new(),
+        dynamic_metadata: match &verdict.dynamic_metadata {
+            Some(Metadata::Map(fields)) => Some(proto::Struct::of(fields)),
+            _ => None,
+        },
     }
 }
 

@@ -30,6 +30,15 @@ pub struct EngineSettings {
     /// Whether decisions are counted per rule and timed per front end (what an exporter
     /// reads); off, a decision costs nothing more than before they were.
     pub observe: bool,
+    /// Every request is answered OK while counted and reported as if enforced (`rls.shadow`,
+    /// envoy ratelimit's global shadow mode).
+    pub shadow: bool,
+    /// Every rule counts in quota mode (`rls.quota_mode`): a request is denied only when
+    /// every limit it is counted against is over.
+    pub quota_mode: bool,
+    /// Answers carry the request and the `metadata:` of the rules that admitted it
+    /// (`rls.dynamic_metadata`; RLS's `dynamic_metadata`).
+    pub dynamic_metadata: bool,
 }
 
 impl Default for EngineSettings {
@@ -43,6 +52,9 @@ impl Default for EngineSettings {
             by_value: None,
             denied_log_per_second: 0,
             observe: true,
+            shadow: false,
+            quota_mode: false,
+            dynamic_metadata: false,
         }
     }
 }

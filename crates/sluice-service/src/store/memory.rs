@@ -1,13 +1,13 @@
 //! The counters in this process: one bounded keyed limiter per algorithm the rules use. A
 //! request's limits are taken in its order; all-or-nothing gives back every take of a denied
-//! request, and limits after a denial are only looked at.
+//! request, and limits after an ordinary limit's denial are only looked at.
 
 use std::sync::Arc;
 
 use sluice::{AlgorithmKind, KeyedMetrics, Quota, Receipt};
 use smallvec::SmallVec;
 
-use super::{Count, Counted, CounterStore, Tally};
+use super::{Count, Counted, CounterStore, Denial, Tally};
 use crate::answer::Status;
 use crate::counters::AlgorithmCounters;
 use crate::settings::Counting;
@@ -77,18 +77,23 @@ impl CounterStore for InMemory {
         // Only a request of several limits has takes to give back.
         let all_or_nothing = counting == Counting::AllOrNothing && tally.counts.len() > 1;
         let mut taken: SmallVec<[(usize, &dyn AlgorithmCounters, Receipt); 1]> = SmallVec::new();
-        let mut denied = false;
+        let mut denial = Denial::default();
         tally.statuses.clear();
         for (at, count) in tally.counts.iter().enumerate() {
-            // After a denial that counts, the rest are only looked at.
-            let cost = if denied && all_or_nothing { 0 } else { count.cost };
+            // After an ordinary limit denied, the rest are only looked at.
+            let cost = if denial.settled() && all_or_nothing {
+                0
+            } else {
+                count.cost
+            };
             let (status, receipt) = self.take(count, &tally.keys, cost);
             if let Some((counters, receipt)) = receipt.filter(|_| all_or_nothing) {
                 taken.push((at, counters, receipt));
             }
-            denied |= status.denies();
+            denial.add(count, &status);
             tally.statuses.push(status);
         }
+        let denied = denial.denied();
         if denied && all_or_nothing {
             for (at, counters, receipt) in taken {
                 let count = &tally.counts[at];

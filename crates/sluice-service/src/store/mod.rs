@@ -35,6 +35,53 @@ pub(crate) struct Count<'g> {
     /// Its rule's quota, or the request's override: what a status names when the store
     /// cannot say which quota its counter holds.
     pub(crate) quota: Quota,
+    /// Over its limit, it denies only with every other quota-mode limit of the request.
+    pub(crate) quota_mode: bool,
+}
+
+/// Whether a request's counted limits deny it, as envoy ratelimit decides with quota mode: any
+/// ordinary limit over (not in shadow mode), or every quota-mode limit over (one in shadow mode
+/// is never over for this).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Denial {
+    /// An ordinary limit denies.
+    ordinary: bool,
+    quota_limits: u32,
+    quota_over: u32,
+}
+
+impl Denial {
+    /// Adds one limit's status.
+    #[inline]
+    pub(crate) fn add(&mut self, count: &Count<'_>, status: &Status<'_>) {
+        if count.quota_mode {
+            self.quota_limits += 1;
+            self.quota_over += u32::from(status.denies());
+        } else {
+            self.ordinary |= status.denies();
+        }
+    }
+
+    /// Whether an ordinary limit denies: the request is denied whatever the rest say.
+    #[inline]
+    pub(crate) fn settled(&self) -> bool {
+        self.ordinary
+    }
+
+    /// Whether the limits added deny the request.
+    #[inline]
+    pub(crate) fn denied(&self) -> bool {
+        self.ordinary || (self.quota_limits > 0 && self.quota_over == self.quota_limits)
+    }
+
+    /// Whether `statuses` (one per count) deny the request.
+    pub(crate) fn of(counts: &[Count<'_>], statuses: &[Status<'_>]) -> bool {
+        let mut denial = Self::default();
+        for (count, status) in counts.iter().zip(statuses) {
+            denial.add(count, status);
+        }
+        denial.denied()
+    }
 }
 
 /// A request's limits being counted, and each one's status once counted (in the same order):
@@ -81,7 +128,7 @@ pub(crate) trait CounterStore: Send + Sync {
     /// Whether [`count`](Self::count) answers at once (in this process).
     fn answers_now(&self) -> bool;
     /// Counts every limit of `tally` under `counting`, writing each one's status in the
-    /// limits' order; whether a limit that may deny (not in shadow mode) denied the request.
+    /// limits' order; whether the limits deny the request ([`Denial`]).
     fn count<'a, 'g: 'a>(&'a self, tally: &'a mut Tally<'g>, counting: Counting) -> Counted<'a>;
     /// Takes one limit at once, if this store can (in this process): what a request of one
     /// descriptor needs, with no list to hold and nothing to give back.

@@ -18,7 +18,7 @@ use sluice::{AlgorithmKind, Decision, Quota};
 use sluice_redis::{FailurePolicy, RedisAlgorithm, RedisAlgorithmVisitor, RedisLimiter, RedisStore};
 use smallvec::SmallVec;
 
-use super::{Count, Counted, CounterStore, Tally};
+use super::{Count, Counted, CounterStore, Denial, Tally};
 use crate::answer::Status;
 use crate::counters::{CounterSettings, RuleQuotas};
 use crate::settings::Counting;
@@ -196,47 +196,45 @@ impl OnRedis {
     async fn look_then_take(&self, tally: &mut Tally<'_>) -> bool {
         let all: SmallVec<[Place; 2]> = (0..tally.counts.len()).collect();
         let looks = self.take_all(tally, &all, |_| 0).await;
-        let short = |count: &Count<'_>, look: &Option<Decision>| {
-            !count.rule.shadow_mode && look.is_none_or(|look| look.remaining() < count.cost)
-        };
-        let any_short = (tally.counts.iter().zip(&looks)).any(|(count, (look, _))| short(count, look));
-        if !any_short {
+        // What a take would say, from the look: over if it leaves less than the cost.
+        let looked: SmallVec<[Status<'_>; 2]> = (tally.counts.iter().zip(&looks))
+            .map(|(count, (look, quota))| match look {
+                Some(look) if look.remaining() < count.cost => Status::of(
+                    count.rule,
+                    *quota,
+                    Ok(Decision::denied(
+                        look.limit(),
+                        look.remaining(),
+                        look.reset_after_nanos(),
+                        look.retry_after_nanos(),
+                    )),
+                ),
+                Some(look) => Status::of(count.rule, *quota, Ok(*look)),
+                None => Status::never_fits(count.rule, *quota, count.cost),
+            })
+            .collect();
+        if !Denial::of(&tally.counts, &looked) {
             let decisions = self.take_all(tally, &all, |count| count.cost).await;
-            return settle(tally, &all, decisions);
+            settle(tally, &all, decisions);
+            return Denial::of(&tally.counts, &tally.statuses);
         }
         // Take only where a limit would deny: a denied take consumes nothing and says when to
         // retry. The rest keep what their look said.
-        let (deciding, looked): (SmallVec<[_; 2]>, SmallVec<[_; 2]>) =
-            (all.iter().copied().zip(looks)).partition(|(at, (look, _))| short(&tally.counts[*at], look));
-        let deciding: SmallVec<[Place; 2]> = deciding.into_iter().map(|(at, _)| at).collect();
+        let (deciding, rest): (SmallVec<[Place; 2]>, SmallVec<[Place; 2]>) =
+            all.iter().copied().partition(|&at| looked[at].denies());
         let decisions = self.take_all(tally, &deciding, |count| count.cost).await;
-        if settle(tally, &deciding, decisions) {
-            for (at, (look, quota)) in looked {
-                let count = &tally.counts[at];
-                tally.statuses[at] = match look {
-                    // What a take would have said: over, if the look leaves less than the cost
-                    // (a shadow limit, which never decides).
-                    Some(look) if look.remaining() < count.cost => Status::of(
-                        count.rule,
-                        quota,
-                        Ok(Decision::denied(
-                            look.limit(),
-                            look.remaining(),
-                            look.reset_after_nanos(),
-                            look.retry_after_nanos(),
-                        )),
-                    ),
-                    Some(look) => Status::of(count.rule, quota, Ok(look)),
-                    None => Status::never_fits(count.rule, quota, count.cost),
-                };
-            }
+        settle(tally, &deciding, decisions);
+        for &at in &rest {
+            tally.statuses[at] = looked[at];
+        }
+        if Denial::of(&tally.counts, &tally.statuses) {
             return true;
         }
         // Another process freed what was short between the look and the take: those took,
         // so the rest take too.
-        let rest: SmallVec<[Place; 2]> = looked.into_iter().map(|(at, _)| at).collect();
         let decisions = self.take_all(tally, &rest, |count| count.cost).await;
-        settle(tally, &rest, decisions)
+        settle(tally, &rest, decisions);
+        Denial::of(&tally.counts, &tally.statuses)
     }
 }
 
@@ -270,23 +268,19 @@ impl CounterStore for OnRedis {
             }
             let all: SmallVec<[Place; 2]> = (0..tally.counts.len()).collect();
             let decisions = self.take_all(tally, &all, |count| count.cost).await;
-            settle(tally, &all, decisions)
+            settle(tally, &all, decisions);
+            Denial::of(&tally.counts, &tally.statuses)
         }))
     }
 }
 
-/// Writes the status of each limit at `places` from its decision. Whether any limit that may
-/// deny denied.
-fn settle(tally: &mut Tally<'_>, places: &[Place], decisions: Vec<(Option<Decision>, Quota)>) -> bool {
-    let mut denied = false;
+/// Writes the status of each limit at `places` from its decision.
+fn settle(tally: &mut Tally<'_>, places: &[Place], decisions: Vec<(Option<Decision>, Quota)>) {
     for (&at, (decision, quota)) in places.iter().zip(decisions) {
         let count = &tally.counts[at];
-        let status = match decision {
+        tally.statuses[at] = match decision {
             Some(decision) => Status::of(count.rule, quota, Ok(decision)),
             None => Status::never_fits(count.rule, quota, count.cost),
         };
-        denied |= status.denies();
-        tally.statuses[at] = status;
     }
-    denied
 }
