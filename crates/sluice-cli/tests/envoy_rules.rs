@@ -1,0 +1,424 @@
+//! envoy ratelimit's config semantics over sockets, on memory and on a real `redis-server`,
+//! asked over RLS (an envoy-types gRPC client) and over the check API (HTTP JSON): quota mode
+//! (per descriptor and global), shared wildcard thresholds, dynamic metadata, global shadow
+//! mode, and domains merged from several files.
+
+mod common;
+#[path = "../../sluice-redis/tests/support/mod.rs"]
+mod redis_support;
+
+use common::{Client, Server, TempDir, sluice};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
+use redis_support::RedisServer;
+use serde_json::{Value as Json, json};
+
+/// Where the counters are.
+#[derive(Clone, Copy, Debug)]
+enum Backend {
+    Memory,
+    Redis,
+}
+
+/// How the service is asked.
+#[derive(Clone, Copy, Debug)]
+enum Front {
+    Rls,
+    Api,
+}
+
+/// One answer, as either front end gives it.
+#[derive(Debug)]
+struct Answer {
+    ok: bool,
+    /// Each descriptor's code: true for OK.
+    codes: Vec<bool>,
+    /// Each descriptor's limit remaining.
+    remaining: Vec<u64>,
+    /// The dynamic metadata, as JSON.
+    metadata: Option<Json>,
+}
+
+/// A server on `files` with `extra` config, on `backend`, and a way to ask it.
+struct Service {
+    server: Server,
+    runtime: tokio::runtime::Runtime,
+    _dir: TempDir,
+}
+
+impl Service {
+    fn start(backend: Backend, redis: &RedisServer, files: &[(&str, &str)], extra: &str) -> Self {
+        Self::start_with(backend, redis, files, extra, "")
+    }
+
+    /// With `extra` inside `rls: {...}` and `top` at the config's top level.
+    fn start_with(
+        backend: Backend,
+        redis: &RedisServer,
+        files: &[(&str, &str)],
+        extra: &str,
+        top: &str,
+    ) -> Self {
+        let dir = TempDir::new();
+        std::fs::create_dir_all(dir.path().join("rules")).unwrap();
+        for (name, text) in files {
+            dir.write(&format!("rules/{name}"), text);
+        }
+        let config =
+            format!("{top}rules: rules\nrls: {{listen: 127.0.0.1:0{extra}}}\napi: {{listen: 127.0.0.1:0}}\n");
+        let file = dir.write("sluice.yaml", &config);
+        let file = file.to_str().unwrap();
+        let server = match backend {
+            Backend::Memory => Server::start(&["--config", file]),
+            Backend::Redis => {
+                redis.cli(&["FLUSHALL"]);
+                Server::start(&["--config", file, "--redis", &redis.url()])
+            }
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        Self {
+            server,
+            runtime,
+            _dir: dir,
+        }
+    }
+
+    fn ask(&self, front: Front, domain: &str, descriptors: &[&[(&str, &str)]]) -> Answer {
+        match front {
+            Front::Rls => self.ask_rls(domain, descriptors),
+            Front::Api => self.ask_api(domain, descriptors),
+        }
+    }
+
+    fn ask_rls(&self, domain: &str, descriptors: &[&[(&str, &str)]]) -> Answer {
+        let rls = self.server.rls.expect("rls.listen");
+        let request = RateLimitRequest {
+            domain: domain.into(),
+            descriptors: descriptors
+                .iter()
+                .map(|entries| RateLimitDescriptor {
+                    entries: entries
+                        .iter()
+                        .map(|(key, value)| Entry {
+                            key: (*key).into(),
+                            value: (*value).into(),
+                        })
+                        .collect(),
+                    ..Default::default()
+                })
+                .collect(),
+            hits_addend: 0,
+        };
+        let answer = self.runtime.block_on(async {
+            let mut client = RateLimitServiceClient::connect(format!("http://{rls}"))
+                .await
+                .unwrap();
+            client.should_rate_limit(request).await.unwrap().into_inner()
+        });
+        Answer {
+            ok: answer.overall_code == 1,
+            codes: answer.statuses.iter().map(|s| s.code == 1).collect(),
+            remaining: answer
+                .statuses
+                .iter()
+                .map(|s| u64::from(s.limit_remaining))
+                .collect(),
+            metadata: answer.dynamic_metadata.as_ref().map(struct_json),
+        }
+    }
+
+    fn ask_api(&self, domain: &str, descriptors: &[&[(&str, &str)]]) -> Answer {
+        let mut client = Client::connect(self.server.api.expect("api.listen"));
+        let descriptors: Vec<Json> = descriptors
+            .iter()
+            .map(|entries| {
+                let entries: Vec<Json> = entries
+                    .iter()
+                    .map(|(key, value)| json!({"key": key, "value": value}))
+                    .collect();
+                json!({ "entries": entries })
+            })
+            .collect();
+        let body = json!({"domain": domain, "descriptors": descriptors}).to_string();
+        let response = client.post_json("/v1/check", &body);
+        assert_eq!(response.status, 200, "{response:?}");
+        let verdict: Json = serde_json::from_str(&response.body).unwrap();
+        let statuses = verdict["statuses"].as_array().unwrap();
+        Answer {
+            ok: verdict["overall_code"] == "OK",
+            codes: statuses.iter().map(|s| s["code"] == "OK").collect(),
+            remaining: statuses
+                .iter()
+                .map(|s| s["limit_remaining"].as_u64().unwrap())
+                .collect(),
+            metadata: verdict.get("dynamic_metadata").cloned(),
+        }
+    }
+}
+
+/// A protobuf struct as JSON, read through envoy-types' own message types.
+fn struct_json(s: &Struct) -> Json {
+    Json::Object(s.fields.iter().map(|(k, v)| (k.clone(), value_json(v))).collect())
+}
+
+fn value_json(v: &Value) -> Json {
+    match &v.kind {
+        None | Some(Kind::NullValue(_)) => Json::Null,
+        Some(Kind::NumberValue(n)) => json!(n),
+        Some(Kind::StringValue(s)) => json!(s),
+        Some(Kind::BoolValue(b)) => json!(b),
+        Some(Kind::StructValue(s)) => struct_json(s),
+        Some(Kind::ListValue(l)) => Json::Array(l.values.iter().map(value_json).collect()),
+    }
+}
+
+/// Runs `check` on a fresh server for every backend and front end.
+fn on_every(files: &[(&str, &str)], extra: &str, check: impl Fn(&Service, Front)) {
+    let redis = RedisServer::start();
+    for backend in [Backend::Memory, Backend::Redis] {
+        for front in [Front::Rls, Front::Api] {
+            let service = Service::start(backend, &redis, files, extra);
+            eprintln!("{backend:?} over {front:?}");
+            check(&service, front);
+        }
+    }
+}
+
+/// Hour-long quotas: nothing refills during a test.
+const QUOTA_RULES: &str = "
+domain: shop
+descriptors:
+  - key: service
+    value: search
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: service
+    value: export
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 10}
+";
+
+#[test]
+fn quota_mode_denies_only_when_every_quota_descriptor_is_over() {
+    on_every(&[("shop.yaml", QUOTA_RULES)], "", |service, front| {
+        let both: &[&[(&str, &str)]] = &[&[("service", "search")], &[("service", "export")]];
+        let first = service.ask(front, "shop", both);
+        assert!(first.ok && first.codes == [true, true], "{first:?}");
+        // search is over; export still has one: a quota-mode limit over does not deny alone.
+        let second = service.ask(front, "shop", both);
+        assert!(second.ok, "{second:?}");
+        assert_eq!(second.codes, [false, true], "{second:?}");
+        // Both over: denied.
+        let third = service.ask(front, "shop", both);
+        assert!(!third.ok, "{third:?}");
+        assert_eq!(third.codes, [false, false]);
+        // One quota-mode descriptor alone, over: every quota-mode limit of the request is over.
+        let alone = service.ask(front, "shop", &[&[("service", "search")]]);
+        assert!(!alone.ok, "{alone:?}");
+        // An ordinary limit over denies whatever the quota-mode ones say.
+        let user: &[(&str, &str)] = &[("user", "u")];
+        for _ in 0..10 {
+            assert!(service.ask(front, "shop", &[user]).ok);
+        }
+        let mixed = service.ask(front, "shop", &[&[("service", "fresh")], user]);
+        assert!(!mixed.ok, "{mixed:?}");
+    });
+}
+
+#[test]
+fn global_quota_mode_makes_every_rule_a_quota() {
+    let rules = "
+domain: shop
+descriptors:
+  - key: a
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: b
+    rate_limit: {unit: hour, requests_per_unit: 3}
+";
+    on_every(&[("shop.yaml", rules)], ", quota_mode: true", |service, front| {
+        let both: &[&[(&str, &str)]] = &[&[("a", "x")], &[("b", "x")]];
+        assert!(service.ask(front, "shop", both).ok);
+        let second = service.ask(front, "shop", both);
+        assert!(second.ok && second.codes == [false, true], "{second:?}");
+        let third = service.ask(front, "shop", both);
+        assert!(third.ok && third.codes == [false, true], "{third:?}");
+        let fourth = service.ask(front, "shop", both);
+        assert!(!fourth.ok && fourth.codes == [false, false], "{fourth:?}");
+    });
+}
+
+#[test]
+fn a_shared_wildcard_counts_every_value_on_one_counter_and_a_plain_one_does_not() {
+    let rules = "
+domain: files
+descriptors:
+  - key: path
+    value: /shared/*
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: path
+    value: /own/*
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: path
+    value: /api*v1
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+";
+    on_every(&[("files.yaml", rules)], "", |service, front| {
+        let ask = |value: &str| service.ask(front, "files", &[&[("path", value)]]).ok;
+        assert!(ask("/shared/a"));
+        assert!(ask("/shared/b"));
+        assert!(!ask("/shared/c"), "the two before used the shared threshold");
+        for value in ["/own/a", "/own/a", "/own/b", "/own/b"] {
+            assert!(ask(value), "{value}: each value has its own threshold");
+        }
+        assert!(!ask("/own/a"));
+        // A middle wildcard, shared.
+        assert!(ask("/api/users/v1"));
+        assert!(!ask("/api/orders/v1"));
+    });
+}
+
+#[test]
+fn dynamic_metadata_carries_the_request_and_the_metadata_of_what_passed() {
+    let rules = "
+domain: shop
+descriptors:
+  - key: service
+    value: search
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+    metadata:
+      quota: {name: search, tier: 1}
+      owner: team-a
+  - key: service
+    value: export
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 5}
+    metadata:
+      quota: {name: export, region: eu}
+      owner: team-b
+      flags: [1, true, null]
+";
+    on_every(
+        &[("shop.yaml", rules)],
+        ", dynamic_metadata: true",
+        |service, front| {
+            let both: &[&[(&str, &str)]] = &[&[("service", "search")], &[("service", "export")]];
+            let first = service.ask(front, "shop", both);
+            let metadata = first.metadata.clone().expect("dynamic metadata");
+            assert_eq!(metadata["domain"], "shop");
+            assert_eq!(
+                metadata["descriptors"],
+                json!([{"entries": ["service=search"]}, {"entries": ["service=export"]}])
+            );
+            // Both passed: merged in order, the first's value kept where both have one, maps merged.
+            assert_eq!(
+                metadata["metadata"],
+                json!({"quota": {"name": "search", "tier": 1.0, "region": "eu"}, "owner": "team-a", "flags": [1.0, true, null]})
+            );
+            // search is over now: only export's metadata.
+            let second = service.ask(front, "shop", both);
+            assert!(second.ok, "{second:?}");
+            assert_eq!(
+                second.metadata.expect("dynamic metadata")["metadata"],
+                json!({"quota": {"name": "export", "region": "eu"}, "owner": "team-b", "flags": [1.0, true, null]})
+            );
+        },
+    );
+}
+
+#[test]
+fn global_shadow_mode_answers_ok_while_counting_as_if_enforced() {
+    let rules = "
+domain: edge
+descriptors:
+  - key: ip
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 5}
+";
+    on_every(&[("edge.yaml", rules)], ", shadow: true", |service, front| {
+        let both: &[&[(&str, &str)]] = &[&[("ip", "10.0.0.1")], &[("user", "alice")]];
+        for _ in 0..2 {
+            assert!(service.ask(front, "edge", both).ok);
+        }
+        // Over the ip limit: answered OK, the status says over, and (all-or-nothing, as
+        // enforced) the user limit kept what it had.
+        for _ in 0..3 {
+            let over = service.ask(front, "edge", both);
+            assert!(over.ok, "{over:?}");
+            assert_eq!(over.codes, [false, true], "{over:?}");
+            assert_eq!(over.remaining[1], 3, "{over:?}");
+        }
+    });
+}
+
+#[test]
+fn merged_domains_answer_from_every_file() {
+    let redis = RedisServer::start();
+    for backend in [Backend::Memory, Backend::Redis] {
+        for front in [Front::Rls, Front::Api] {
+            let service = Service::start_with(
+                backend,
+                &redis,
+                &[("a.yaml", IP), ("b.yaml", USER)],
+                "",
+                "merge_domains: true\n",
+            );
+            let ask = |key: &str| service.ask(front, "edge", &[&[(key, "v")]]).ok;
+            assert!(ask("ip"), "{backend:?} {front:?}");
+            assert!(!ask("ip"), "{backend:?} {front:?}: a.yaml's 1/h");
+            assert!(ask("user") && ask("user"));
+            assert!(!ask("user"), "{backend:?} {front:?}: b.yaml's 2/h");
+        }
+    }
+}
+
+const IP: &str =
+    "domain: edge\ndescriptors:\n  - key: ip\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+const USER: &str =
+    "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
+
+/// `sluice serve` on `config` and the rules `files`: its stderr, once it has exited (failed).
+fn refused(files: &[(&str, &str)], config: &str) -> String {
+    let dir = TempDir::new();
+    std::fs::create_dir_all(dir.path().join("rules")).unwrap();
+    for (name, text) in files {
+        dir.write(&format!("rules/{name}"), text);
+    }
+    let file = dir.write("sluice.yaml", config);
+    let output = sluice()
+        .args(["serve", "--config", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!output.status.success(), "started on {files:?}");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn two_files_of_one_domain_are_refused_unless_merged_and_a_key_both_give_always() {
+    let config = "rules: rules\napi: {listen: 127.0.0.1:0}\n";
+    let stderr = refused(&[("a.yaml", IP), ("b.yaml", USER)], config);
+    assert!(
+        stderr.contains("a.yaml") && stderr.contains("b.yaml") && stderr.contains("'edge'"),
+        "{stderr}"
+    );
+    let merging = "rules: rules\nmerge_domains: true\napi: {listen: 127.0.0.1:0}\n";
+    let stderr = refused(&[("a.yaml", IP), ("b.yaml", IP)], merging);
+    assert!(
+        stderr.contains("b.yaml") && stderr.contains("a.yaml") && stderr.contains("already given"),
+        "{stderr}"
+    );
+    // A rules service keeps one document per domain: nothing to merge.
+    let stderr = refused(&[], "rules: {url: http://127.0.0.1:9}\nmerge_domains: true\n");
+    assert!(stderr.contains("merge_domains"), "{stderr}");
+}
