@@ -4,7 +4,8 @@
 use std::collections::HashSet;
 
 use sluice_descriptors::{
-    DomainRules, Entry, MAX_DEPTH, MAX_DESCRIPTORS, MAX_TEXT_BYTES, Rule, RuleSet, parse_domain,
+    DomainRules, Entry, MAX_DEPTH, MAX_DESCRIPTORS, MAX_METADATA_DEPTH, MAX_METADATA_ITEMS, MAX_TEXT_BYTES,
+    Metadata, Rule, RuleSet, counter_key, parse_domain,
 };
 
 /// Between a key and its value in a rule's place (`RuleId`).
@@ -18,8 +19,9 @@ const ESCAPE: char = '\\';
 /// line; accepted rules keep the bounds (a domain name and every key and value of at most
 /// `MAX_TEXT_BYTES`, at most `MAX_DESCRIPTORS` descriptors, `MAX_DEPTH` levels), rule names
 /// are unique and every name a rule `replaces` is one of them, a rule whose every level is an
-/// exact value is the one its own path finds, and reading the file again gives the same
-/// rules.
+/// exact value is the one its own path finds, envoy ratelimit's fields keep their meaning
+/// (shared levels are wildcards whose values share a counter, no rule replaces itself,
+/// metadata within its bounds), and reading the file again gives the same rules.
 ///
 /// # Example
 /// ```
@@ -72,6 +74,7 @@ pub fn descriptor_rules(data: &[u8]) {
                 rule.id
             );
         }
+        check_envoy_fields(rule, levels);
         if rule.exact {
             let entries: Vec<Entry<'_>> = levels
                 .iter()
@@ -92,6 +95,78 @@ pub fn descriptor_rules(data: &[u8]) {
         Ok(set) => assert_eq!(set.len(), rules.len()),
         Err(e) => panic!("one domain refused as a set: {e}"),
     }
+}
+
+/// envoy ratelimit's fields on an accepted rule: its path as written is its place; a shared
+/// level is a wildcard and its values share the counter; a `value_to_metric` level is a key
+/// alone or an unshared wildcard; no rule replaces itself; metadata keeps its bounds.
+fn check_envoy_fields(rule: &Rule, levels: &[(String, Option<String>)]) {
+    assert_eq!(&rule.path[..], levels, "{}: path and place differ", rule.id);
+    for (i, (key, value)) in levels.iter().enumerate() {
+        let bit = 1u32 << i;
+        let wildcard = value.as_deref().is_some_and(|v| v.contains('*'));
+        if rule.shared_levels & bit != 0 {
+            assert!(wildcard, "{}: level {i} shared without a wildcard", rule.id);
+        }
+        if rule.value_to_metric_levels & bit != 0 {
+            assert!(
+                (value.is_none() || wildcard) && rule.shared_levels & bit == 0,
+                "{}: level {i} names the metric by value",
+                rule.id
+            );
+        }
+        assert!(!key.is_empty());
+    }
+    let deeper = !0u32.checked_shl(levels.len() as u32).map_or(0, |mask| !mask);
+    assert_eq!(rule.shared_levels & deeper, 0, "{}", rule.id);
+    assert_eq!(rule.value_to_metric_levels & deeper, 0, "{}", rule.id);
+    if rule.shared_levels != 0 && !rule.exact {
+        // Two requests that differ only at shared levels count on one counter.
+        let own: Vec<Entry<'_>> = levels
+            .iter()
+            .map(|(key, value)| Entry {
+                key,
+                value: value.as_deref().unwrap_or("v"),
+            })
+            .collect();
+        let other_values: Vec<String> = levels
+            .iter()
+            .enumerate()
+            .map(|(i, (_, value))| match value {
+                Some(v) if rule.shared_levels & (1 << i) != 0 => format!("{v}{v}"),
+                Some(v) => v.clone(),
+                None => "v".to_owned(),
+            })
+            .collect();
+        let other: Vec<Entry<'_>> = levels
+            .iter()
+            .zip(&other_values)
+            .map(|((key, _), value)| Entry { key, value })
+            .collect();
+        assert_eq!(counter_key(rule, &own), counter_key(rule, &other), "{}", rule.id);
+    }
+    if let Some(name) = &rule.name {
+        assert!(!rule.replaces.contains(name), "{} replaces itself", rule.id);
+    }
+    if let Some(metadata) = &rule.metadata {
+        let (depth, items) = measure(metadata);
+        assert!(
+            depth <= MAX_METADATA_DEPTH + 1 && items <= MAX_METADATA_ITEMS,
+            "{}",
+            rule.id
+        );
+    }
+}
+
+/// A metadata tree's depth (a scalar is 1) and items (keys not counted).
+fn measure(metadata: &Metadata) -> (usize, usize) {
+    let children: Vec<(usize, usize)> = match metadata {
+        Metadata::List(items) => items.iter().map(measure).collect(),
+        Metadata::Map(fields) => fields.values().map(measure).collect(),
+        _ => Vec::new(),
+    };
+    let depth = children.iter().map(|(d, _)| *d).max().unwrap_or(0) + 1;
+    (depth, 1 + children.iter().map(|(_, n)| n).sum::<usize>())
 }
 
 fn sorted(domain: &DomainRules) -> Vec<Rule> {

@@ -340,6 +340,7 @@ fn yaml_scalar() -> impl Strategy<Value = String> {
             "k",
             "ip",
             "/api*",
+            "a*b",
             "*",
             "v",
             "1e3",
@@ -426,10 +427,10 @@ fn yaml_descriptors(depth: u32) -> BoxedStrategy<String> {
             yaml_scalar(),
             proptest::option::weighted(0.6, yaml_scalar()),
             proptest::option::weighted(0.7, rate_limit()),
-            proptest::bool::weighted(0.1),
+            descriptor_flag(),
         )
     };
-    let leaf = one().prop_map(|(key, value, limit, shadow)| descriptor_yaml(&key, value, limit, shadow, &[]));
+    let leaf = one().prop_map(|(key, value, limit, flag)| descriptor_yaml(&key, value, limit, flag, &[]));
     let leaves = proptest::collection::vec(leaf, 0..4)
         .prop_map(|d| d.concat())
         .boxed();
@@ -437,19 +438,38 @@ fn yaml_descriptors(depth: u32) -> BoxedStrategy<String> {
         return leaves;
     }
     let inner = yaml_descriptors(depth - 1);
-    let node = (one(), proptest::collection::vec(inner, 0..2)).prop_map(
-        |((key, value, limit, shadow), children)| descriptor_yaml(&key, value, limit, shadow, &children),
-    );
+    let node =
+        (one(), proptest::collection::vec(inner, 0..2)).prop_map(|((key, value, limit, flag), children)| {
+            descriptor_yaml(&key, value, limit, flag, &children)
+        });
     proptest::collection::vec(node, 0..4)
         .prop_map(|d| d.concat())
         .boxed()
+}
+
+/// One of envoy ratelimit's descriptor flags (or none), as a line of YAML.
+fn descriptor_flag() -> impl Strategy<Value = &'static str> {
+    select(vec![
+        "",
+        "",
+        "",
+        "",
+        "shadow_mode: true",
+        "quota_mode: true",
+        "share_threshold: true",
+        "value_to_metric: true",
+        "detailed_metric: true",
+        "metadata: {a: [1, {b: x}], 2: null}",
+        "metadata: [not, a, map]",
+        "metadata: {a: {a: {a: {a: {a: {a: {a: {a: {a: {a: {a: {a: {a: {a: {a: {a: {a: 1}}}}}}}}}}}}}}}}}",
+    ])
 }
 
 fn descriptor_yaml(
     key: &str,
     value: Option<String>,
     limit: Option<String>,
-    shadow: bool,
+    flag: &str,
     children: &[String],
 ) -> String {
     let mut text = format!("- key: {key}\n");
@@ -459,8 +479,8 @@ fn descriptor_yaml(
     if let Some(limit) = limit {
         text.push_str(&format!("  rate_limit: {limit}\n"));
     }
-    if shadow {
-        text.push_str("  shadow_mode: true\n");
+    if !flag.is_empty() {
+        text.push_str(&format!("  {flag}\n"));
     }
     let children = children.concat();
     if !children.is_empty() {

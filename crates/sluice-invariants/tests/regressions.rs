@@ -128,3 +128,12 @@ fn a_body_with_trailing_bytes_is_refused() {
 fn a_tag_the_rules_take_is_refused_for_patching_not_a_server_error() {
     sluice_invariants::rules_document(b"\x00domain: edge\ndescriptors:\n !-   ");
 }
+
+#[test]
+fn envoys_newer_descriptor_fields_load_and_keep_their_meaning() {
+    // The fuzz seed that carries every one of them: accepted, then checked.
+    let seed = include_str!("../../../fuzz/seeds/descriptor_rules/seed-3");
+    let domain = sluice_descriptors::parse_domain(seed).expect("the seed is a valid rules file");
+    assert_eq!(domain.rules().count(), 2);
+    sluice_invariants::descriptor_rules(seed.as_bytes());
+}
