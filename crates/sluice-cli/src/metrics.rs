@@ -151,6 +151,35 @@ impl Collector for Observed {
         }
         let mut m = family(
             &mut encoder,
+            "decisions_by_value",
+            "Requests decided per value of a detailed_metric or value_to_metric rule (at most 256 values a rule; the rest only in decisions).",
+            MetricType::Counter,
+        )?;
+        for (engine, rules) in &reports {
+            for rule in rules {
+                let place = rule.rule.to_string();
+                let name = rule.name.as_deref().unwrap_or("");
+                for (label, counts) in &rule.by_label {
+                    for (outcome, value) in [
+                        ("allowed", counts.allowed),
+                        ("denied", counts.denied),
+                        ("shadow_denied", counts.shadow_denied),
+                    ] {
+                        let labels = [
+                            ("engine", *engine),
+                            ("domain", rule.domain.as_str()),
+                            ("rule", place.as_str()),
+                            ("name", name),
+                            ("value", label.as_str()),
+                            ("outcome", outcome),
+                        ];
+                        counter(&mut m, &labels, value)?;
+                    }
+                }
+            }
+        }
+        let mut m = family(
+            &mut encoder,
             "hits",
             "Hits asked of each rule.",
             MetricType::Counter,

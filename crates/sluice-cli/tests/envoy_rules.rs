@@ -67,8 +67,9 @@ impl Service {
         for (name, text) in files {
             dir.write(&format!("rules/{name}"), text);
         }
-        let config =
-            format!("{top}rules: rules\nrls: {{listen: 127.0.0.1:0{extra}}}\napi: {{listen: 127.0.0.1:0}}\n");
+        let config = format!(
+            "{top}rules: rules\nrls: {{listen: 127.0.0.1:0{extra}}}\napi: {{listen: 127.0.0.1:0}}\nadmin: {{listen: 127.0.0.1:0}}\n"
+        );
         let file = dir.write("sluice.yaml", &config);
         let file = file.to_str().unwrap();
         let server = match backend {
@@ -160,6 +161,29 @@ impl Service {
             metadata: verdict.get("dynamic_metadata").cloned(),
         }
     }
+}
+
+impl Service {
+    /// The `/metrics` lines of the per-value series.
+    fn by_value(&self) -> Vec<String> {
+        let mut admin = Client::connect(self.server.admin.expect("admin.listen"));
+        let metrics = admin.get("/metrics", &[]).body;
+        metrics
+            .lines()
+            .filter(|line| line.contains("decisions_by_value_total{"))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+/// The count of the per-value sample with `value` and `outcome`, 0 if there is none.
+fn by_value(lines: &[String], value: &str, outcome: &str) -> u64 {
+    let (value, outcome) = (format!("value=\"{value}\""), format!("outcome=\"{outcome}\""));
+    lines
+        .iter()
+        .find(|line| line.contains(&value) && line.contains(&outcome))
+        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0)
 }
 
 /// A protobuf struct as JSON, read through envoy-types' own message types.
@@ -421,4 +445,75 @@ fn two_files_of_one_domain_are_refused_unless_merged_and_a_key_both_give_always(
     // A rules service keeps one document per domain: nothing to merge.
     let stderr = refused(&[], "rules: {url: http://127.0.0.1:9}\nmerge_domains: true\n");
     assert!(stderr.contains("merge_domains"), "{stderr}");
+}
+
+#[test]
+fn value_to_metric_and_detailed_metric_name_the_series_by_the_requests_values() {
+    let rules = "
+domain: api
+descriptors:
+  - key: user
+    value_to_metric: true
+    descriptors:
+      - key: path
+        rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: team
+    value_to_metric: true
+    descriptors:
+      - key: path
+        detailed_metric: true
+        rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: route
+    value: /v1/*
+    share_threshold: true
+    value_to_metric: true
+    descriptors:
+      - key: method
+        detailed_metric: true
+        rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: plain
+    rate_limit: {unit: hour, requests_per_unit: 5}
+";
+    on_every(&[("api.yaml", rules)], "", |service, front| {
+        let ask = |entries: &[(&str, &str)]| service.ask(front, "api", &[entries]).ok;
+        assert!(ask(&[("user", "alice"), ("path", "/a")]));
+        assert!(!ask(&[("user", "alice"), ("path", "/a")]));
+        assert!(ask(&[("user", "bob"), ("path", "/a")]));
+        assert!(ask(&[("team", "red"), ("path", "/x")]));
+        assert!(ask(&[("route", "/v1/users"), ("method", "GET")]));
+        assert!(ask(&[("route", "/v1/orders"), ("method", "GET")]));
+        assert!(ask(&[("plain", "p")]));
+        let lines = service.by_value();
+        // value_to_metric on the user level: the user's value; the path level is a key alone.
+        assert_eq!(by_value(&lines, "user_alice.path", "allowed"), 1, "{lines:#?}");
+        assert_eq!(by_value(&lines, "user_alice.path", "denied"), 1, "{lines:#?}");
+        assert_eq!(by_value(&lines, "user_bob.path", "allowed"), 1, "{lines:#?}");
+        // detailed_metric names every value.
+        assert_eq!(by_value(&lines, "team_red.path_/x", "allowed"), 1, "{lines:#?}");
+        // A shared wildcard is named by the wildcard, whatever value_to_metric and
+        // detailed_metric say.
+        assert_eq!(
+            by_value(&lines, "route_/v1/*.method_GET", "allowed"),
+            2,
+            "{lines:#?}"
+        );
+        assert!(!lines.iter().any(|line| line.contains("plain")), "{lines:#?}");
+    });
+}
+
+#[test]
+fn a_rule_keeps_at_most_its_bound_of_value_series() {
+    let rules = "domain: api\ndescriptors:\n  - key: user\n    value_to_metric: true\n    rate_limit: {unit: hour, requests_per_unit: 5}\n";
+    let redis = RedisServer::start();
+    let service = Service::start(Backend::Memory, &redis, &[("api.yaml", rules)], "");
+    for i in 0..sluice_service::MAX_LABELS + 40 {
+        let user = format!("u{i}");
+        assert!(service.ask(Front::Api, "api", &[&[("user", user.as_str())]]).ok);
+    }
+    let lines = service.by_value();
+    let allowed = lines
+        .iter()
+        .filter(|line| line.contains("outcome=\"allowed\""))
+        .count();
+    assert_eq!(allowed, sluice_service::MAX_LABELS);
 }

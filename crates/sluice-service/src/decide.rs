@@ -11,7 +11,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Instant;
 
-use sluice_descriptors::{Limit, Rule};
+use sluice_descriptors::{Limit, Rule, metric_label};
 
 use crate::answer::{Outcome, Status};
 use crate::counters::push_counter;
@@ -263,6 +263,9 @@ impl Engine {
                 stats.record(descriptor.hits, over, rule.shadow_mode, || {
                     Some(descriptor_key(descriptor.entries))
                 });
+                if let Some(label) = metric_label(rule, descriptor.entries) {
+                    stats.record_label(label, descriptor.hits, over, rule.shadow_mode);
+                }
             }
         }
     }

@@ -111,6 +111,9 @@ pub struct RuleReport {
     pub shadow_mode: bool,
     /// Its decisions so far (since it took this place, across reloads).
     pub counts: RuleCounts,
+    /// Its decisions by metric label, for a `detailed_metric` or `value_to_metric` rule
+    /// ([`sluice_descriptors::metric_label`]; at most [`crate::MAX_LABELS`]).
+    pub by_label: Vec<(String, RuleCounts)>,
 }
 
 impl Engine {
@@ -271,17 +274,17 @@ impl Engine {
             .rules
             .domains()
             .flat_map(|domain| domain.rules().map(move |rule| (domain.name(), rule)))
-            .map(|(domain, rule)| RuleReport {
-                domain: domain.to_owned(),
-                rule: rule.id.clone(),
-                name: rule.name.clone(),
-                limit: rule.limit,
-                shadow_mode: rule.shadow_mode,
-                counts: generation
-                    .stats
-                    .get(&rule.id)
-                    .map(|s| s.counts())
-                    .unwrap_or_default(),
+            .map(|(domain, rule)| {
+                let stats = generation.stats.get(&rule.id);
+                RuleReport {
+                    domain: domain.to_owned(),
+                    rule: rule.id.clone(),
+                    name: rule.name.clone(),
+                    limit: rule.limit,
+                    shadow_mode: rule.shadow_mode,
+                    counts: stats.map(|s| s.counts()).unwrap_or_default(),
+                    by_label: stats.map(|s| s.labels()).unwrap_or_default(),
+                }
             })
             .collect()
     }

@@ -44,5 +44,5 @@ pub use rls::{RateLimitService, SHOULD_RATE_LIMIT};
 pub use rls_message::answer_rls_message;
 pub use rls_message::{MAX_MESSAGE_BYTES, RlsMessageError};
 pub use settings::{Counting, EngineSettings, FieldSet};
-pub use stats::{FrontEnd, LATENCY_BUCKETS, LatencySnapshot, RuleCounts, TOP_KEYS};
+pub use stats::{FrontEnd, LATENCY_BUCKETS, LatencySnapshot, MAX_LABELS, RuleCounts, TOP_KEYS};
 pub use store::RedisCounters;

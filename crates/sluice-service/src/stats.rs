@@ -26,6 +26,10 @@ pub struct RuleCounts {
     pub hits: u64,
 }
 
+/// The most per-value series one rule keeps (`detailed_metric`, `value_to_metric`): values
+/// past them are counted in the rule's own series only.
+pub const MAX_LABELS: usize = 256;
+
 /// How many keys a rule's heavy-hitters table holds per window.
 pub const TOP_KEYS: usize = 32;
 
@@ -40,6 +44,8 @@ pub(crate) struct RuleStats {
     shadow_denied: AtomicU64,
     hits: AtomicU64,
     top: Mutex<TopWindows>,
+    /// Per metric label ([`sluice_descriptors::metric_label`]), at most [`MAX_LABELS`].
+    labels: Mutex<Vec<(String, RuleCounts)>>,
 }
 
 impl RuleStats {
@@ -56,6 +62,39 @@ impl RuleStats {
             let mut top = self.top.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             top.count(key, Instant::now());
         }
+    }
+
+    /// Counts one decision of `hits` under the per-value series `label`, if it has one or
+    /// there is room for it.
+    pub(crate) fn record_label(&self, label: String, hits: u64, over: bool, shadow: bool) {
+        let mut labels = self
+            .labels
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let at = match labels.iter().position(|(l, _)| *l == label) {
+            Some(at) => at,
+            None if labels.len() < MAX_LABELS => {
+                labels.push((label, RuleCounts::default()));
+                labels.len() - 1
+            }
+            None => return,
+        };
+        let counts = &mut labels[at].1;
+        counts.hits = counts.hits.saturating_add(hits);
+        let counter = match (over, shadow) {
+            (false, _) => &mut counts.allowed,
+            (true, true) => &mut counts.shadow_denied,
+            (true, false) => &mut counts.denied,
+        };
+        *counter = counter.saturating_add(1);
+    }
+
+    /// The per-value series so far.
+    pub(crate) fn labels(&self) -> Vec<(String, RuleCounts)> {
+        self.labels
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
     }
 
     pub(crate) fn counts(&self) -> RuleCounts {
