@@ -40,6 +40,8 @@ struct Answer {
     remaining: Vec<u64>,
     /// The dynamic metadata, as JSON.
     metadata: Option<Json>,
+    /// The header fields for the client, in order.
+    headers: Vec<(String, String)>,
 }
 
 /// A server on `files` with `extra` config, on `backend`, and a way to ask it.
@@ -131,6 +133,9 @@ impl Service {
                 .map(|s| u64::from(s.limit_remaining))
                 .collect(),
             metadata: answer.dynamic_metadata.as_ref().map(struct_json),
+            headers: (answer.response_headers_to_add.iter())
+                .map(|h| (h.key.clone(), h.value.clone()))
+                .collect(),
         }
     }
 
@@ -159,6 +164,14 @@ impl Service {
                 .map(|s| s["limit_remaining"].as_u64().unwrap())
                 .collect(),
             metadata: verdict.get("dynamic_metadata").cloned(),
+            headers: (verdict["headers"].as_array().into_iter().flatten())
+                .map(|h| {
+                    (
+                        h["name"].as_str().unwrap().to_owned(),
+                        h["value"].as_str().unwrap().to_owned(),
+                    )
+                })
+                .collect(),
         }
     }
 }
@@ -204,10 +217,15 @@ fn value_json(v: &Value) -> Json {
 
 /// Runs `check` on a fresh server for every backend and front end.
 fn on_every(files: &[(&str, &str)], extra: &str, check: impl Fn(&Service, Front)) {
+    on_every_with(files, extra, "", check);
+}
+
+/// [`on_every`], with `top` at the config's top level.
+fn on_every_with(files: &[(&str, &str)], extra: &str, top: &str, check: impl Fn(&Service, Front)) {
     let redis = RedisServer::start();
     for backend in [Backend::Memory, Backend::Redis] {
         for front in [Front::Rls, Front::Api] {
-            let service = Service::start(backend, &redis, files, extra);
+            let service = Service::start_with(backend, &redis, files, extra, top);
             eprintln!("{backend:?} over {front:?}");
             check(&service, front);
         }
@@ -516,4 +534,95 @@ fn a_rule_keeps_at_most_its_bound_of_value_series() {
         .filter(|line| line.contains("outcome=\"allowed\""))
         .count();
     assert_eq!(allowed, sluice_service::MAX_LABELS);
+}
+
+/// envoy ratelimit's service on hour-long fixed windows, as far as its answer's fields go:
+/// every descriptor counted on its own (over the limit included), each status's remaining,
+/// and the three fields of the status it picks.
+struct EnvoyModel {
+    limits: Vec<(&'static str, u64, bool)>,
+    used: std::collections::HashMap<&'static str, u64>,
+}
+
+impl EnvoyModel {
+    /// `(limit, remaining)` of the fields, and the overall answer.
+    fn ask(&mut self, keys: &[&'static str]) -> (bool, Option<(u64, u64)>) {
+        let (mut chosen, mut least) = (None, u64::from(u32::MAX));
+        let (mut ordinary_over, mut quota, mut quota_over) = (false, 0, 0);
+        for key in keys {
+            let (_, limit, quota_mode) = *self.limits.iter().find(|(k, _, _)| k == key).unwrap();
+            let used = self.used.entry(key).or_default();
+            *used += 1;
+            let over = *used > limit;
+            let remaining = limit.saturating_sub(*used);
+            if remaining < least {
+                (chosen, least) = (Some((limit, remaining)), remaining);
+            }
+            quota += u32::from(quota_mode);
+            if over && quota_mode {
+                quota_over += 1;
+            } else if over {
+                ordinary_over = true;
+                (chosen, least) = (Some((limit, 0)), 0);
+            }
+        }
+        (!ordinary_over && !(quota > 0 && quota == quota_over), chosen)
+    }
+}
+
+#[test]
+fn envoy_fields_name_and_count_as_envoy_ratelimit_writes_them() {
+    let rules = "
+domain: edge
+descriptors:
+  - key: a
+    rate_limit: {unit: hour, requests_per_unit: 3}
+  - key: b
+    rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: q
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 2}
+";
+    let script: [&[&'static str]; 9] = [
+        &["a", "b"],
+        &["b"],
+        &["a", "b", "q"],
+        &["q"],
+        &["q", "b"],
+        &["a", "b"],
+        &["b", "a"],
+        &["q", "a"],
+        &["b"],
+    ];
+    // Counted as envoy's service counts: each descriptor on its own.
+    let top = "counting: independent\n";
+    on_every_with(
+        &[("edge.yaml", rules)],
+        ", headers: envoy",
+        top,
+        |service, front| {
+            let mut model = EnvoyModel {
+                limits: vec![("a", 3, false), ("b", 5, false), ("q", 2, true)],
+                used: Default::default(),
+            };
+            for keys in script {
+                let descriptors: Vec<[(&str, &str); 1]> = keys.iter().map(|k| [(*k, "v")]).collect();
+                let descriptors: Vec<&[(&str, &str)]> = descriptors.iter().map(|d| &d[..]).collect();
+                let answer = service.ask(front, "edge", &descriptors);
+                let (ok, fields) = model.ask(keys);
+                assert_eq!(answer.ok, ok, "{keys:?}: {answer:?}");
+                let (limit, remaining) = fields.unwrap();
+                let names: Vec<&str> = answer.headers.iter().map(|(n, _)| n.as_str()).collect();
+                assert_eq!(
+                    names,
+                    ["RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"],
+                    "{keys:?}"
+                );
+                assert_eq!(answer.headers[0].1, limit.to_string(), "{keys:?}: {answer:?}");
+                assert_eq!(answer.headers[1].1, remaining.to_string(), "{keys:?}: {answer:?}");
+                let reset: u64 = answer.headers[2].1.parse().unwrap();
+                assert!((1..=3600).contains(&reset), "{keys:?}: {answer:?}");
+            }
+        },
+    );
 }

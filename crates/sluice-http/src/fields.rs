@@ -12,7 +12,8 @@
 /// use sluice_http::FieldSet;
 /// assert_eq!("legacy".parse(), Ok(FieldSet::Legacy));
 /// assert_eq!(FieldSet::default(), FieldSet::None);
-/// assert!("some".parse::<FieldSet>().unwrap_err().contains("none, draft, legacy or all"));
+/// assert_eq!("envoy".parse(), Ok(FieldSet::Envoy));
+/// assert!("some".parse::<FieldSet>().unwrap_err().contains("none, draft, legacy, all or envoy"));
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum FieldSet {
@@ -26,6 +27,10 @@ pub enum FieldSet {
     Legacy,
     /// `all`: both.
     All,
+    /// `envoy`: `RateLimit-Limit` (requests per unit), `RateLimit-Remaining` and
+    /// `RateLimit-Reset` (seconds) of the status closest to its limit, as envoy ratelimit
+    /// writes them with `LIMIT_RESPONSE_HEADERS_ENABLED`.
+    Envoy,
 }
 
 impl std::str::FromStr for FieldSet {
@@ -36,8 +41,9 @@ impl std::str::FromStr for FieldSet {
             "draft" => Ok(Self::Draft),
             "legacy" => Ok(Self::Legacy),
             "all" => Ok(Self::All),
+            "envoy" => Ok(Self::Envoy),
             other => Err(format!(
-                "unknown field set '{other}' (use none, draft, legacy or all)"
+                "unknown field set '{other}' (use none, draft, legacy, all or envoy)"
             )),
         }
     }

@@ -265,8 +265,10 @@ impl Outcome<'_, '_> {
     /// The header fields of the most restrictive status: a denying one, else the limited one with
     /// the fewest units left.
     fn headers(&self, set: FieldSet) -> Vec<(String, String)> {
-        if set == FieldSet::None {
-            return Vec::new();
+        match set {
+            FieldSet::None => return Vec::new(),
+            FieldSet::Envoy => return self.envoy_headers(),
+            FieldSet::Draft | FieldSet::Legacy | FieldSet::All => {}
         }
         let counts = |status: &&Status<'_>| status.rule.is_some_and(|rule| !rule.shadow_mode);
         let mut counting = self.statuses.iter().filter(counts);
@@ -285,7 +287,7 @@ impl Outcome<'_, '_> {
             return Vec::new();
         };
         let wanted = |name: &str| match set {
-            FieldSet::None => false,
+            FieldSet::None | FieldSet::Envoy => false,
             FieldSet::All => true,
             FieldSet::Draft => !name.starts_with("x-"),
             FieldSet::Legacy => !name.starts_with("ratelimit"),
@@ -296,6 +298,43 @@ impl Outcome<'_, '_> {
             .filter(|(name, _)| wanted(name.as_str()))
             .filter_map(|(name, value)| Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned())))
             .collect()
+    }
+}
+
+impl Outcome<'_, '_> {
+    /// envoy ratelimit's three fields (`LIMIT_RESPONSE_HEADERS_ENABLED`), chosen as it chooses:
+    /// the limited status with the fewest units left, and the last ordinary one over its limit
+    /// whatever the others have left. Reset is when that limit is whole again, in seconds
+    /// rounded up (envoy's fixed window says the end of its window: the same for a window).
+    fn envoy_headers(&self) -> Vec<(String, String)> {
+        let mut chosen = None;
+        let mut least = u64::from(u32::MAX);
+        for (count, status) in self.counts.iter().zip(self.statuses) {
+            if status.rule.is_none() {
+                continue;
+            }
+            let remaining = status.decision.remaining().min(u64::from(u32::MAX));
+            if remaining < least {
+                (chosen, least) = (Some(status), remaining);
+            }
+            if status.denies() && !count.quota_mode {
+                (chosen, least) = (Some(status), 0);
+            }
+        }
+        let Some(status) = chosen else {
+            return Vec::new();
+        };
+        let (per_unit, _) = crate::rls_message::per_unit(status.quota);
+        let reset = status.decision.reset_after();
+        let reset = reset.as_secs() + u64::from(reset.subsec_nanos() > 0);
+        vec![
+            ("RateLimit-Limit".to_owned(), per_unit.to_string()),
+            (
+                "RateLimit-Remaining".to_owned(),
+                status.decision.remaining().min(u64::from(u32::MAX)).to_string(),
+            ),
+            ("RateLimit-Reset".to_owned(), reset.to_string()),
+        ]
     }
 }
 

@@ -145,7 +145,7 @@ fn status(status: &DescriptorStatus) -> proto::DescriptorStatus {
 /// A quota as requests per one of envoy's units: the shortest unit that holds a whole number
 /// of its periods (`1.1/s` is 66 per minute); a quota whose period divides none is given per
 /// second, rounded down.
-fn per_unit(quota: sluice::Quota) -> (u32, Unit) {
+pub(crate) fn per_unit(quota: sluice::Quota) -> (u32, Unit) {
     if quota.is_deny_all() {
         return (0, Unit::Second);
     }
