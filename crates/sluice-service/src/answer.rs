@@ -129,6 +129,27 @@ impl<'g> Status<'g> {
         self.is_over() && self.rule.is_some_and(|rule| !rule.shadow_mode)
     }
 
+    /// What a take of `cost` would have said, from a look (a take of nothing): over if the
+    /// look leaves less than `cost`, told to retry when the limit is whole again (a bound: a
+    /// look does not say when `cost` fits); never fitting if `cost` is beyond the quota.
+    #[inline]
+    pub(crate) fn as_take(self, cost: u64) -> Self {
+        let (Some(rule), d) = (self.rule, self.decision) else {
+            return self;
+        };
+        if self.never_fits.is_some() || !d.is_allowed() || d.remaining() >= cost {
+            return self;
+        }
+        if cost > self.quota.capacity() {
+            return Self::never_fits(rule, self.quota, cost);
+        }
+        let reset = nanos(d.reset_after());
+        Self {
+            decision: Decision::denied(d.limit(), d.remaining(), reset, reset),
+            ..self
+        }
+    }
+
     /// After its take of `cost` was given back.
     pub(crate) fn given_back(&mut self, cost: u64) {
         let d = self.decision;

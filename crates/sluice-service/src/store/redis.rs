@@ -199,17 +199,7 @@ impl OnRedis {
         // What a take would say, from the look: over if it leaves less than the cost.
         let looked: SmallVec<[Status<'_>; 2]> = (tally.counts.iter().zip(&looks))
             .map(|(count, (look, quota))| match look {
-                Some(look) if look.remaining() < count.cost => Status::of(
-                    count.rule,
-                    *quota,
-                    Ok(Decision::denied(
-                        look.limit(),
-                        look.remaining(),
-                        look.reset_after_nanos(),
-                        look.retry_after_nanos(),
-                    )),
-                ),
-                Some(look) => Status::of(count.rule, *quota, Ok(*look)),
+                Some(look) => Status::of(count.rule, *quota, Ok(*look)).as_take(count.cost),
                 None => Status::never_fits(count.rule, *quota, count.cost),
             })
             .collect();
