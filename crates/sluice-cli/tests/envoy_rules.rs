@@ -566,7 +566,8 @@ impl EnvoyModel {
                 (chosen, least) = (Some((limit, 0)), 0);
             }
         }
-        (!ordinary_over && !(quota > 0 && quota == quota_over), chosen)
+        let denied = ordinary_over || (quota > 0 && quota == quota_over);
+        (!denied, chosen)
     }
 }
 

@@ -63,11 +63,6 @@ fn rule() -> impl Strategy<Value = ModelRule> {
         .prop_map(|(limit, shadow, quota)| ModelRule { limit, shadow, quota })
 }
 
-/// A request: distinct rules (by index below `n`), each with its hits.
-fn request(n: usize) -> impl Strategy<Value = Vec<(usize, u64)>> {
-    prop::collection::btree_map(0..n, 1..3u64, 1..=n).prop_map(|m| m.into_iter().collect())
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
 
