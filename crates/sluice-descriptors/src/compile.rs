@@ -31,8 +31,72 @@ pub fn parse_domain(text: &str) -> Result<DomainRules, RulesError> {
     compile(vec![read(text)?]).map_err(|(_, error)| error)
 }
 
+/// The deepest nesting of flow collections (`[`, `{`) a rules file may have: twice
+/// [`MAX_DEPTH`] for descriptors written in flow style, and room for their metadata.
+pub const MAX_FLOW_NESTING: usize = 128;
+
+/// Refuses a text whose flow collections nest deeper than [`MAX_FLOW_NESTING`], before the
+/// YAML reader sees it: reading a deeply nested text takes time quadratic in its depth. A
+/// quote opens a quoted scalar only where a token starts, as in YAML, so brackets inside one
+/// are not counted and brackets in plain text are; a quote is taken to end with its line (a
+/// line of a block scalar that looks like a quote hides nothing on the next), which can only
+/// count more than there is.
+fn check_flow_nesting(text: &str) -> Result<(), RulesError> {
+    let (mut depth, mut line, mut column) = (0usize, 1usize, 0usize);
+    let mut token_start = true;
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        column += 1;
+        match c {
+            '\n' => {
+                (line, column, token_start) = (line + 1, 0, true);
+                continue;
+            }
+            '#' if token_start => {
+                // A comment, to the end of the line.
+                while chars.next_if(|&c| c != '\n').is_some() {}
+                continue;
+            }
+            '\'' | '"' if token_start => {
+                // A quoted scalar: '' escapes a single quote, \ escapes in a double-quoted one.
+                while let Some(q) = chars.next_if(|&q| q != '\n') {
+                    column += 1;
+                    if c == '"' && q == '\\' {
+                        if chars.next_if(|&q| q != '\n').is_some() {
+                            column += 1;
+                        }
+                    } else if q == c {
+                        if c == '\'' && chars.peek() == Some(&'\'') {
+                            chars.next();
+                            column += 1;
+                        } else {
+                            break;
+                        }
+                    }
+                }
+                token_start = false;
+                continue;
+            }
+            '[' | '{' => {
+                depth += 1;
+                if depth > MAX_FLOW_NESTING {
+                    return Err(RulesError::new(
+                        format!("line {line} column {column}"),
+                        format!("nested deeper than {MAX_FLOW_NESTING} levels"),
+                    ));
+                }
+            }
+            ']' | '}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        token_start = matches!(c, ' ' | '\t' | '[' | '{' | ',' | ':' | '-' | '?');
+    }
+    Ok(())
+}
+
 /// A rules file's text as written, every field's type checked.
 pub(crate) fn read(text: &str) -> Result<RawDomain, RulesError> {
+    check_flow_nesting(text)?;
     let deserializer = serde_norway::Deserializer::from_str(text);
     serde_path_to_error::deserialize(deserializer).map_err(|e| {
         let path = e.path().to_string();

@@ -41,7 +41,7 @@ mod metadata;
 mod raw;
 mod rules;
 
-pub use compile::{UNITS, parse_domain, unit_seconds};
+pub use compile::{MAX_FLOW_NESTING, UNITS, parse_domain, unit_seconds};
 pub use counting::Counting;
 pub use error::{LoadError, RulesError};
 pub use key::{RuleId, counter_key, last_value_of, metric_label, push_counter_key, rule_of};

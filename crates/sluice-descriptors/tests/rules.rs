@@ -372,3 +372,42 @@ descriptors:
         assert!(rule_of(counter).is_some(), "{counter:?}");
     }
 }
+
+#[test]
+fn flow_nesting_is_bounded_before_the_yaml_reader_sees_it() {
+    use sluice_descriptors::{MAX_DEPTH, MAX_FLOW_NESTING, parse_domain};
+    // Deep flow nesting costs the YAML reader time quadratic in its depth: refused at once.
+    let deep = format!("domain: d\ndescriptors: {}", "[".repeat(100_000));
+    let e = parse_domain(&deep).unwrap_err();
+    assert_eq!(e.field, format!("line 2 column {}", 13 + MAX_FLOW_NESTING + 1));
+    assert!(e.message.contains("nested deeper than"), "{e}");
+    let metadata = format!(
+        "domain: d\ndescriptors:\n  - key: k\n    metadata: {}1{}\n",
+        "{a: ".repeat(MAX_FLOW_NESTING),
+        "}".repeat(MAX_FLOW_NESTING)
+    );
+    assert!(parse_domain(&metadata).unwrap_err().message.contains("nested deeper than"));
+    // Brackets in quoted text and comments are text.
+    let quoted = format!(
+        "domain: d # {}\ndescriptors:\n  - key: k\n    value: '{}'\n    metadata: {{a: \"{}\\\"\", b: 'it''s {}'}}\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n",
+        "[".repeat(300),
+        "{".repeat(300),
+        "[".repeat(300),
+        "{".repeat(300)
+    );
+    let loaded = parse_domain(&quoted).unwrap();
+    assert_eq!(loaded.rules().count(), 1);
+    // A line of a block scalar that looks like a quote hides no nesting after it.
+    let hidden = format!(
+        "domain: d\ndescriptors:\n  - key: k\n    metadata:\n      t: |\n        '\n      u: {}\n",
+        "[".repeat(MAX_FLOW_NESTING + 1)
+    );
+    assert!(parse_domain(&hidden).unwrap_err().message.contains("nested deeper than"));
+    // Descriptors written in flow style at the deepest level still load.
+    let mut flow = String::from("{key: k, rate_limit: {unit: second, requests_per_unit: 1}}");
+    for _ in 1..MAX_DEPTH {
+        flow = format!("{{key: k, descriptors: [{flow}]}}");
+    }
+    let deepest = format!("domain: d\ndescriptors: [{flow}]\n");
+    assert_eq!(parse_domain(&deepest).unwrap().rules().count(), 1);
+}
