@@ -100,6 +100,7 @@ pub(crate) fn read(text: &str) -> Result<RawDomain, RulesError> {
     let deserializer = serde_norway::Deserializer::from_str(text);
     serde_path_to_error::deserialize(deserializer).map_err(|e| {
         let path = e.path().to_string();
+        let named = path.clone();
         let inner = e.into_inner();
         // A path that names nothing (the top, or a field whose name is empty) gives way to
         // the place in the file.
@@ -121,6 +122,14 @@ pub(crate) fn read(text: &str) -> Result<RawDomain, RulesError> {
             Some((parent, rest)) if !parent.contains(' ') && field.starts_with(parent) => rest.to_string(),
             _ => message,
         };
+        // A missing field is named as the field.
+        if let Some(name) = (message.strip_prefix("missing field `"))
+            .and_then(|rest| rest.strip_suffix('`'))
+            .filter(|name| !name.contains('`'))
+        {
+            let field = if nameless { name.to_owned() } else { format!("{named}.{name}") };
+            return RulesError::new(field, "is missing");
+        }
         RulesError::new(field, message)
     })
 }

@@ -784,9 +784,8 @@ fn envoys_refused_files_are_refused_naming_the_field() {
         (
             "empty_domain.yaml: no domain at all",
             "descriptors:\n",
-            // A field missing at the top has no path of its own: the place stands for it.
-            "line 1 column 1",
-            "missing field `domain`",
+            "domain",
+            "is missing",
         ),
         (
             "empty_domain.yaml: an empty domain",
@@ -797,8 +796,8 @@ fn envoys_refused_files_are_refused_naming_the_field() {
         (
             "empty_key.yaml: no key",
             "domain: d\ndescriptors:\n  - value: v1\n",
-            "descriptors[0]",
-            "missing field `key`",
+            "descriptors[0].key",
+            "is missing",
         ),
         (
             "empty_key.yaml: an empty key, nested",

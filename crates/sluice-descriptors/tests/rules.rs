@@ -75,7 +75,7 @@ descriptors:
 #[test]
 fn errors_name_the_field() {
     let cases = [
-        ("descriptors: []\n", "line 1 column 1"),
+        ("descriptors: []\n", "domain"),
         ("domain: ''\n", "domain"),
         (
             "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
