@@ -21,15 +21,15 @@ pub(crate) struct RawDescriptor {
     pub value: Option<String>,
     #[serde(default)]
     pub rate_limit: Option<RawRateLimit>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "flag")]
     pub shadow_mode: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "flag")]
     pub detailed_metric: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "flag")]
     pub quota_mode: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "flag")]
     pub value_to_metric: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "flag")]
     pub share_threshold: bool,
     #[serde(default, deserialize_with = "crate::metadata::metadata")]
     pub metadata: Option<Metadata>,
@@ -44,7 +44,7 @@ pub(crate) struct RawRateLimit {
     pub unit: Option<String>,
     #[serde(default)]
     pub requests_per_unit: Option<u32>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "flag")]
     pub unlimited: bool,
     #[serde(default)]
     pub name: Option<String>,
@@ -69,4 +69,27 @@ pub(crate) struct RawReplace {
 /// YAML writes the second).
 fn list<'de, D: Deserializer<'de>, T: Deserialize<'de>>(deserializer: D) -> Result<Vec<T>, D::Error> {
     Ok(Option::<Vec<T>>::deserialize(deserializer)?.unwrap_or_default())
+}
+
+/// A boolean as envoy ratelimit's YAML reader takes one: `true`/`false`, or YAML 1.1's words
+/// (`yes`, `no`, `on`, `off`, `y`, `n`, in lower, title or upper case).
+fn flag<'de, D: Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
+    struct Flag;
+    impl serde::de::Visitor<'_> for Flag {
+        type Value = bool;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("true or false (or yes, no, on, off)")
+        }
+        fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<bool, E> {
+            Ok(v)
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<bool, E> {
+            match v {
+                "y" | "Y" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" => Ok(true),
+                "n" | "N" | "no" | "No" | "NO" | "off" | "Off" | "OFF" => Ok(false),
+                _ => Err(E::invalid_value(serde::de::Unexpected::Str(v), &self)),
+            }
+        }
+    }
+    deserializer.deserialize_any(Flag)
 }

@@ -411,3 +411,18 @@ fn flow_nesting_is_bounded_before_the_yaml_reader_sees_it() {
     let deepest = format!("domain: d\ndescriptors: [{flow}]\n");
     assert_eq!(parse_domain(&deepest).unwrap().rules().count(), 1);
 }
+
+#[test]
+fn flags_read_yaml_1_1_words_as_envoys_reader_does() {
+    let rules = RuleSet::from_yaml(
+        "domain: d\ndescriptors:\n  - key: a\n    shadow_mode: yes\n    quota_mode: On\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: b\n    shadow_mode: off\n    rate_limit: {unlimited: Y}\n",
+    )
+    .unwrap();
+    let a = rules.find("d", &[Entry { key: "a", value: "x" }]).unwrap();
+    assert!(a.shadow_mode && a.quota_mode);
+    let b = rules.find("d", &[Entry { key: "b", value: "x" }]).unwrap();
+    assert!(!b.shadow_mode && b.limit == Limit::Unlimited);
+    let e = RuleSet::from_yaml("domain: d\ndescriptors:\n  - key: a\n    shadow_mode: maybe\n").unwrap_err();
+    assert_eq!(e.field, "descriptors[0].shadow_mode");
+    assert!(e.message.contains("maybe"), "{e}");
+}
