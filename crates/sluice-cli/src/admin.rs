@@ -64,13 +64,20 @@ pub fn serve(observed: Observed, listener: TcpListener, stop: watch::Receiver<bo
 
 /// Checks readiness every second into `ready` (what the gRPC health service reports) until
 /// `stop` turns true.
-pub fn watch_readiness(observed: Observed, ready: watch::Sender<bool>, mut stop: watch::Receiver<bool>) {
+pub fn watch_readiness(
+    observed: Observed,
+    ready: watch::Sender<bool>,
+    mut draining: watch::Receiver<bool>,
+    mut stop: watch::Receiver<bool>,
+) {
     tokio::spawn(async move {
         loop {
             let (now, _) = readiness(&observed).await;
             ready.send_if_modified(|was| std::mem::replace(was, now) != now);
             tokio::select! {
                 () = tokio::time::sleep(READINESS_EVERY) => {}
+                // Draining starts: said at once, not at the next tick.
+                Ok(()) = draining.changed() => {}
                 _ = stop.wait_for(|stop| *stop) => return,
             }
         }
@@ -110,6 +117,13 @@ async fn readiness(observed: &Observed) -> (bool, Vec<Check>) {
         ok: true,
         detail: "loaded".into(),
     }];
+    if observed.state.draining.load(Relaxed) {
+        checks.push(Check {
+            name: "shutdown",
+            ok: false,
+            detail: "stopping: still answering while load balancers move away".into(),
+        });
+    }
     if observed.service.is_some() {
         let state = &observed.state;
         let revision = state.rules_revision.load(Relaxed);

@@ -149,8 +149,8 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         redis_url: args.redis,
     };
     runtime.block_on(async {
-        let shutdown = shutdown_signal()?;
-        server::serve(options, threads, shutdown)
+        let signals = StopSignals::install()?;
+        server::serve(options, threads, signals)
             .await
             .map_err(|e| e.to_string())
     })
@@ -176,25 +176,70 @@ pub(crate) fn init_logging() {
     }
 }
 
-/// A future that completes on SIGINT or SIGTERM. The handlers are installed here, before
-/// the server says it is listening, so a signal sent right after that line is not missed.
-#[cfg(unix)]
-pub(crate) fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, String> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut interrupt = signal(SignalKind::interrupt()).map_err(|e| format!("cannot handle SIGINT: {e}"))?;
-    let mut terminate = signal(SignalKind::terminate()).map_err(|e| format!("cannot handle SIGTERM: {e}"))?;
-    Ok(async move {
-        tokio::select! {
-            _ = interrupt.recv() => {}
-            _ = terminate.recv() => {}
-        }
-    })
+/// Which signal asked the process to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// SIGTERM, as an orchestrator sends it: drain first.
+    Terminate,
+    /// SIGINT (Ctrl-C): stop accepting at once.
+    Interrupt,
 }
 
-/// A future that completes on Ctrl-C.
-#[cfg(not(unix))]
-pub(crate) fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, String> {
-    Ok(async {
+impl Stop {
+    /// The exit status of a process a second signal stops at once (128 + its number).
+    pub(crate) fn exit_code(self) -> i32 {
+        match self {
+            Stop::Terminate => 143,
+            Stop::Interrupt => 130,
+        }
+    }
+}
+
+/// The signals that stop the process. Installed before the server says it is listening, so a
+/// signal sent right after that line is not missed.
+pub(crate) struct StopSignals {
+    #[cfg(unix)]
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    #[cfg(unix)]
+    pub(crate) fn install() -> Result<Self, String> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            interrupt: signal(SignalKind::interrupt()).map_err(|e| format!("cannot handle SIGINT: {e}"))?,
+            terminate: signal(SignalKind::terminate()).map_err(|e| format!("cannot handle SIGTERM: {e}"))?,
+        })
+    }
+
+    #[cfg(not(unix))]
+    pub(crate) fn install() -> Result<Self, String> {
+        Ok(Self {})
+    }
+
+    /// The next signal.
+    #[cfg(unix)]
+    pub(crate) async fn next(&mut self) -> Stop {
+        tokio::select! {
+            _ = self.interrupt.recv() => Stop::Interrupt,
+            _ = self.terminate.recv() => Stop::Terminate,
+        }
+    }
+
+    /// The next Ctrl-C.
+    #[cfg(not(unix))]
+    pub(crate) async fn next(&mut self) -> Stop {
         let _ = tokio::signal::ctrl_c().await;
+        Stop::Interrupt
+    }
+}
+
+/// A future that completes on SIGINT or SIGTERM.
+pub(crate) fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, String> {
+    let mut signals = StopSignals::install()?;
+    Ok(async move {
+        signals.next().await;
     })
 }

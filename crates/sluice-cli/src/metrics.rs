@@ -34,6 +34,8 @@ pub struct HostState {
     pub rules_revision: AtomicU64,
     /// The rules in force came from the snapshot file, not the rules service.
     pub rules_from_snapshot: AtomicBool,
+    /// SIGTERM came: not ready, while still accepting for the drain delay.
+    pub draining: AtomicBool,
     /// The rules service is not answering (or answers garbage) now.
     pub rules_service_down: AtomicBool,
 }

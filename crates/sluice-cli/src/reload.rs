@@ -25,6 +25,8 @@ pub(crate) struct StartOnly {
     max_headers: usize,
     max_waiters: usize,
     admin: Option<SocketAddr>,
+    drain_delay: Duration,
+    shutdown_timeout: Duration,
 }
 
 impl StartOnly {
@@ -37,6 +39,8 @@ impl StartOnly {
             max_headers: settings.max_headers,
             max_waiters: settings.excess.max_waiters,
             admin: settings.admin,
+            drain_delay: settings.drain_delay,
+            shutdown_timeout: settings.shutdown_timeout,
         }
     }
 
@@ -60,6 +64,12 @@ impl StartOnly {
         }
         if self.admin != other.admin {
             changed.push("admin");
+        }
+        if self.drain_delay != other.drain_delay {
+            changed.push("drain_delay");
+        }
+        if self.shutdown_timeout != other.shutdown_timeout {
+            changed.push("shutdown_timeout");
         }
         changed
     }

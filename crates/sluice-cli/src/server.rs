@@ -26,9 +26,8 @@ use crate::config::Settings;
 use crate::connection::{Activity, Connections};
 use crate::limits::ConnectionLimit;
 use crate::metrics::{HostState, Observed};
+use crate::{Stop, StopSignals};
 
-/// How long in-flight requests may take to finish after a shutdown signal.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// hyper's own bound on a request's headers: not set unless the config asks for another,
 /// since setting it moves hyper's header table from the stack to the heap.
 const HYPER_MAX_HEADERS: usize = 100;
@@ -95,7 +94,7 @@ pub(crate) fn url_field(redis_url: Option<&str>) -> &'static str {
 pub async fn serve(
     options: ServeOptions,
     threads: usize,
-    shutdown: impl Future<Output = ()>,
+    mut signals: StopSignals,
 ) -> Result<(), ServeError> {
     let addr = options.listen.unwrap_or(options.settings.listen);
     let shared_port = threads > 1 && REUSE_PORT;
@@ -155,6 +154,8 @@ pub async fn serve(
             _ => None,
         },
     };
+    // Says the process is stopping, at once, to the gRPC health service.
+    let draining = watch::Sender::new(false);
     // Only the RLS port's gRPC health service reads it (`/readyz` checks when asked).
     if options
         .settings
@@ -162,7 +163,12 @@ pub async fn serve(
         .as_ref()
         .is_some_and(|service| service.rls.is_some())
     {
-        crate::admin::watch_readiness(observed.clone(), ready, acceptor.stop.subscribe());
+        crate::admin::watch_readiness(
+            observed.clone(),
+            ready,
+            draining.subscribe(),
+            acceptor.stop.subscribe(),
+        );
     }
     if let Some(addr) = options.settings.admin {
         let admin = bind_first(addr, false).map_err(|source| ServeError::AdminBind { addr, source })?;
@@ -174,7 +180,7 @@ pub async fn serve(
         let _ = stdout.flush();
         drop(stdout);
         tracing::info!(bound = %admin_bound, "admin: /metrics /healthz /readyz /v1/top /ui");
-        crate::admin::serve(observed, admin, acceptor.stop.subscribe());
+        crate::admin::serve(observed.clone(), admin, acceptor.stop.subscribe());
     }
     let workers = (1..threads)
         .map(|i| spawn_worker(i, bound, Arc::clone(&acceptor), service.clone()))
@@ -188,9 +194,29 @@ pub async fn serve(
     drop(stdout);
     tracing::info!(%bound, threads, "serving; {connection_limit}");
 
-    tokio::select! {
-        () = acceptor.accept(listener) => {}
-        () = shutdown => {}
+    let accept = acceptor.accept(listener);
+    tokio::pin!(accept);
+    let signal = tokio::select! {
+        () = &mut accept => None,
+        signal = signals.next() => Some(signal),
+    };
+    let (drain_delay, shutdown_timeout) = (options.settings.drain_delay, options.settings.shutdown_timeout);
+    if signal == Some(Stop::Terminate) && !drain_delay.is_zero() {
+        // Not ready from now on, while still accepting: load balancers and Envoy see it and
+        // send elsewhere before anything is refused.
+        observed
+            .state
+            .draining
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        draining.send_replace(true);
+        tracing::info!(
+            "SIGTERM: not ready; still accepting for {drain_delay:?}, then finishing in-flight requests"
+        );
+        tokio::select! {
+            () = &mut accept => {}
+            () = tokio::time::sleep(drain_delay) => {}
+            second = signals.next() => exit_now(second),
+        }
     }
     acceptor.stop.send_replace(true);
     let connections = &acceptor.connections;
@@ -200,7 +226,8 @@ pub async fn serve(
     );
     tokio::select! {
         () = connections.shutdown() => tracing::info!("shut down"),
-        () = tokio::time::sleep(DRAIN_TIMEOUT) => tracing::warn!("shut down with requests still in flight after {DRAIN_TIMEOUT:?}"),
+        () = tokio::time::sleep(shutdown_timeout) => tracing::warn!("shut down with requests still in flight after {shutdown_timeout:?}"),
+        second = signals.next() => exit_now(second),
     }
     acceptor.drained.send_replace(true);
     for worker in workers {
@@ -209,6 +236,12 @@ pub async fn serve(
         }
     }
     Ok(())
+}
+
+/// A second stop signal: the process exits now, whatever is in flight.
+fn exit_now(signal: Stop) -> ! {
+    tracing::warn!("{signal:?} again: exiting now");
+    std::process::exit(signal.exit_code())
 }
 
 /// Compiles the block it is given only where listeners can share a port (`SO_REUSEPORT`):

@@ -137,6 +137,10 @@ fn quota(field: &str, text: &str) -> Result<Quota, ConfigError> {
 }
 
 /// A duration that must be longer than zero.
+/// The longest `drain_delay` and `shutdown_timeout`: an orchestrator kills a process that
+/// takes longer anyway.
+const MAX_SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
+
 fn positive(field: &str, text: &str) -> Result<std::time::Duration, ConfigError> {
     let value = duration(field, text)?;
     if value.is_zero() {
@@ -154,6 +158,14 @@ impl RawConfig {
             .parse::<SocketAddr>()
             .map_err(|e| error("listen", format!("invalid address {:?}: {e}", self.listen)))?;
         let idle_timeout = positive("idle_timeout", &self.idle_timeout)?;
+        let drain_delay = duration("drain_delay", &self.drain_delay)?;
+        if drain_delay > MAX_SHUTDOWN_WAIT {
+            return Err(error("drain_delay", "at most 10m"));
+        }
+        let shutdown_timeout = positive("shutdown_timeout", &self.shutdown_timeout)?;
+        if shutdown_timeout > MAX_SHUTDOWN_WAIT {
+            return Err(error("shutdown_timeout", "at most 10m"));
+        }
         let max_connections = (self.max_connections)
             .map(|n| within("max_connections", n, 1..=MAX_CONNECTIONS))
             .transpose()?;
@@ -214,6 +226,8 @@ impl RawConfig {
         Ok(Settings {
             listen,
             idle_timeout,
+            drain_delay,
+            shutdown_timeout,
             max_connections,
             max_header_bytes,
             max_headers,

@@ -204,6 +204,11 @@ pub struct Settings {
     pub listen: SocketAddr,
     /// How long a connection may go without starting a request.
     pub idle_timeout: Duration,
+    /// After SIGTERM, how long the listeners keep accepting while `/readyz` and gRPC health
+    /// say the process is stopping (0: stop accepting at once).
+    pub drain_delay: Duration,
+    /// Then, how long in-flight requests and waiters have to finish before the process exits.
+    pub shutdown_timeout: Duration,
     /// The most connections served at once (`None`: the binary derives it from the
     /// file-descriptor limit).
     pub max_connections: Option<usize>,

@@ -11,6 +11,10 @@ use serde::Deserialize;
 pub(super) struct RawConfig {
     pub listen: String,
     pub idle_timeout: String,
+    /// After SIGTERM, how long the listeners keep accepting while readiness says stopping.
+    pub drain_delay: String,
+    /// Then, how long in-flight requests and waiters have to finish.
+    pub shutdown_timeout: String,
     /// Derived from the file-descriptor limit when left out.
     pub max_connections: Option<usize>,
     pub max_header_bytes: usize,
@@ -68,6 +72,8 @@ impl Default for RawConfig {
         Self {
             listen: "127.0.0.1:8080".into(),
             idle_timeout: "30s".into(),
+            drain_delay: "5s".into(),
+            shutdown_timeout: "10s".into(),
             max_connections: None,
             max_header_bytes: 32 * 1024,
             max_headers: 100,

@@ -127,7 +127,11 @@ pub(crate) fn read(text: &str) -> Result<RawDomain, RulesError> {
             .and_then(|rest| rest.strip_suffix('`'))
             .filter(|name| !name.contains('`'))
         {
-            let field = if nameless { name.to_owned() } else { format!("{named}.{name}") };
+            let field = if nameless {
+                name.to_owned()
+            } else {
+                format!("{named}.{name}")
+            };
             return RulesError::new(field, "is missing");
         }
         RulesError::new(field, message)

@@ -386,7 +386,12 @@ fn flow_nesting_is_bounded_before_the_yaml_reader_sees_it() {
         "{a: ".repeat(MAX_FLOW_NESTING),
         "}".repeat(MAX_FLOW_NESTING)
     );
-    assert!(parse_domain(&metadata).unwrap_err().message.contains("nested deeper than"));
+    assert!(
+        parse_domain(&metadata)
+            .unwrap_err()
+            .message
+            .contains("nested deeper than")
+    );
     // Brackets in quoted text and comments are text.
     let quoted = format!(
         "domain: d # {}\ndescriptors:\n  - key: k\n    value: '{}'\n    metadata: {{a: \"{}\\\"\", b: 'it''s {}'}}\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n",
@@ -402,7 +407,12 @@ fn flow_nesting_is_bounded_before_the_yaml_reader_sees_it() {
         "domain: d\ndescriptors:\n  - key: k\n    metadata:\n      t: |\n        '\n      u: {}\n",
         "[".repeat(MAX_FLOW_NESTING + 1)
     );
-    assert!(parse_domain(&hidden).unwrap_err().message.contains("nested deeper than"));
+    assert!(
+        parse_domain(&hidden)
+            .unwrap_err()
+            .message
+            .contains("nested deeper than")
+    );
     // Descriptors written in flow style at the deepest level still load.
     let mut flow = String::from("{key: k, rate_limit: {unit: second, requests_per_unit: 1}}");
     for _ in 1..MAX_DEPTH {

@@ -88,7 +88,11 @@ impl CounterStore for InMemory {
             };
             let (status, receipt) = self.take(count, &tally.keys, cost);
             // A look says what a take would have.
-            let status = if cost < count.cost { status.as_take(count.cost) } else { status };
+            let status = if cost < count.cost {
+                status.as_take(count.cost)
+            } else {
+                status
+            };
             if let Some((counters, receipt)) = receipt.filter(|_| all_or_nothing) {
                 taken.push((at, counters, receipt));
             }
