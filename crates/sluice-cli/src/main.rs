@@ -41,6 +41,10 @@ enum Command {
     Validate {
         /// The YAML config file.
         file: PathBuf,
+        /// Print the settings in effect: the file's, the environment's (`SLUICE_*`) over
+        /// them, and every default, secrets masked.
+        #[arg(long)]
+        show: bool,
     },
     /// Load a server with concurrent user profiles (by default, the demo's twelve).
     ///
@@ -75,7 +79,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => serve(args),
-        Command::Validate { file } => validate(&file),
+        Command::Validate { file, show } => validate(&file, show),
         Command::Loadtest(args) => loadtest(&args),
         Command::Rules(args) => rules::run(args),
     };
@@ -88,12 +92,39 @@ fn main() -> ExitCode {
     }
 }
 
-fn validate(file: &std::path::Path) -> Result<(), String> {
-    let settings = config::load(file).map_err(|e| format!("{}: {e}", file.display()))?;
+fn validate(file: &std::path::Path, show: bool) -> Result<(), String> {
+    let bytes = std::fs::read(file).map_err(|e| format!("{}: file: {e}", file.display()))?;
+    let text =
+        std::str::from_utf8(&bytes).map_err(|_| format!("{}: file: not UTF-8 text", file.display()))?;
+    let env = |name: &str| std::env::var(name).ok();
+    let (settings, from_env) =
+        config::parse_with_env(text, file.parent(), &env).map_err(|e| format!("{}: {e}", file.display()))?;
     // The limit `serve` would use here, with this process's descriptor limit.
     let connections = limits::ConnectionLimit::new(settings.max_connections);
     println!("{}: ok; {connections}", file.display());
+    if show {
+        for from in &from_env {
+            println!("# {} set by {}", from.path, from.variable);
+        }
+        println!("{:#?}", masked(settings));
+    }
     Ok(())
+}
+
+/// `settings` with the secrets they hold masked: a Redis URL's user and password (the rules
+/// token is kept masked by its client).
+fn masked(mut settings: config::Settings) -> config::Settings {
+    fn mask(url: &str) -> String {
+        match (url.find("://"), url.rfind('@')) {
+            (Some(scheme), Some(at)) if at > scheme + 3 => format!("{}***{}", &url[..scheme + 3], &url[at..]),
+            _ => url.to_owned(),
+        }
+    }
+    if let Some(redis) = settings.limiter.redis.as_mut() {
+        redis.url = redis.url.as_deref().map(mask);
+        redis.cluster = redis.cluster.iter().map(|url| mask(url)).collect();
+    }
+    settings
 }
 
 fn loadtest(args: &sluice_loadtest::Args) -> Result<(), String> {
@@ -121,6 +152,15 @@ fn serve(args: ServeArgs) -> Result<(), String> {
             let (settings, bytes) =
                 config::load_with_bytes(&file).map_err(|e| format!("{}: {e}", file.display()))?;
             (settings, Some((file, bytes)))
+        }
+        // Settings from the environment alone: a real service, not the demo.
+        None if config::ENV_KEYS.iter().any(|key| {
+            let name = config::env_name(key);
+            std::env::var_os(&name).is_some() || std::env::var_os(format!("{name}_FILE")).is_some()
+        }) =>
+        {
+            let settings = config::parse("{}").map_err(|e| format!("environment: {e}"))?;
+            (settings, None)
         }
         None => {
             let settings =

@@ -13,8 +13,8 @@ use super::Answers;
 use super::raw::{RawConfig, RawCost, RawKey, RawListener, RawRls, RawRules, RawRulesService, RawWait};
 use super::{
     ConfigError, Counting, DEFAULT_MAX_WAIT, DEFAULT_QUEUE_LIMIT, DEFAULT_RULES_POLL, DEFAULT_RULES_SNAPSHOT,
-    ExcessSettings, FieldSet, LimiterSettings, LoadedRules, RULES_TOKEN_ENV, RulesFrom, RulesService,
-    ServiceSettings, Settings, duration, error,
+    ExcessSettings, FieldSet, LimiterSettings, LoadedRules, RulesFrom, RulesService, ServiceSettings,
+    Settings, duration, error,
 };
 
 /// The most keys a config may ask the limiter to hold (about 6 GB of entries): a bound, so a
@@ -501,7 +501,8 @@ fn rules_service(raw: &RawRulesService, dir: Option<&std::path::Path>) -> Result
     if timeout.is_zero() {
         return Err(error("rules.timeout", "must be more than 0"));
     }
-    let token = raw.token.clone().or_else(|| std::env::var(RULES_TOKEN_ENV).ok());
+    // SLUICE_RULES_TOKEN has already been laid over the file's (`env.rs`).
+    let token = raw.token.clone();
     let source = sluice_rules_client::RulesSource::new(&raw.url, token.as_deref())
         .map_err(|e| match e {
             sluice_rules_client::UrlError::Token => error("rules.token", e),

@@ -26,6 +26,7 @@
 #![warn(missing_docs)]
 
 mod check;
+mod env;
 mod raw;
 mod redis;
 
@@ -37,6 +38,7 @@ use std::time::Duration;
 use sluice::{AlgorithmKind, Quota};
 use sluice_http::{ClientIpHeader, CostRule, IpNet, KeyPart};
 
+pub use env::{ENV_KEYS, FromEnv, SECRET_KEYS, env_name};
 pub use redis::{RedisSettings, with_redis_url};
 /// `counting:` and `rls.headers:`, as the engine takes them.
 pub use sluice_descriptors::Counting;
@@ -409,10 +411,11 @@ pub const DEFAULT_RULES_POLL: Duration = Duration::from_secs(10);
 /// ```
 pub const DEFAULT_RULES_SNAPSHOT: &str = "sluice-rules-snapshot.json";
 
-/// The environment variable a rules-service token is read from when `rules.token` is left out.
+/// The environment variable that sets `rules.token` (as [`env_name`] names every key's),
+/// over the file's.
 ///
 /// ```
-/// assert_eq!(sluice_config::RULES_TOKEN_ENV, "SLUICE_RULES_TOKEN");
+/// assert_eq!(sluice_config::RULES_TOKEN_ENV, sluice_config::env_name("rules.token"));
 /// ```
 pub const RULES_TOKEN_ENV: &str = "SLUICE_RULES_TOKEN";
 
@@ -499,6 +502,24 @@ pub fn parse(text: &str) -> Result<Settings, ConfigError> {
 /// assert!(e.message.contains("/nonexistent/limits.yaml"), "{e}");
 /// ```
 pub fn parse_in(text: &str, dir: Option<&Path>) -> Result<Settings, ConfigError> {
+    parse_with_env(text, dir, &|name| std::env::var(name).ok()).map(|(settings, _)| settings)
+}
+
+/// [`parse_in`], with the settings `lookup` gives as the environment ([`ENV_KEYS`]) laid over
+/// the file's; also says which came from there.
+///
+/// ```
+/// let env = |name: &str| (name == "SLUICE_REDIS_URL").then(|| "redis://10.0.0.7:6379".to_string());
+/// let (settings, from_env) = sluice_config::parse_with_env("{}", None, &env)?;
+/// assert_eq!(settings.limiter.redis.unwrap().url.as_deref(), Some("redis://10.0.0.7:6379"));
+/// assert_eq!(from_env[0].variable, "SLUICE_REDIS_URL");
+/// # Ok::<(), sluice_config::ConfigError>(())
+/// ```
+pub fn parse_with_env(
+    text: &str,
+    dir: Option<&Path>,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<(Settings, Vec<FromEnv>), ConfigError> {
     if is_empty_document(text) {
         return Err(error(
             "file",
@@ -506,8 +527,38 @@ pub fn parse_in(text: &str, dir: Option<&Path>) -> Result<Settings, ConfigError>
              Write config files whole: to a temporary name, then rename",
         ));
     }
-    let deserializer = serde_norway::Deserializer::from_str(text);
-    let raw: RawConfig = serde_path_to_error::deserialize(deserializer).map_err(|e| {
+    let given = env::read(lookup)?;
+    let raw: RawConfig = if given.is_empty() {
+        serde_path_to_error::deserialize(serde_norway::Deserializer::from_str(text)).map_err(field_error)?
+    } else {
+        let file: serde_norway::Value = serde_norway::from_str(text).map_err(|e| {
+            let field = match e.location() {
+                Some(at) => format!("line {} column {}", at.line(), at.column()),
+                None => "config".to_string(),
+            };
+            error(field, strip_location(&e.to_string()))
+        })?;
+        let merged = env::overlay(file, &given);
+        serde_path_to_error::deserialize(merged).map_err(|e| blame(field_error(e), &given))?
+    };
+    let settings = raw.check(dir).map_err(|e| blame(e, &given))?;
+    Ok((settings, given.into_iter().map(|(from, _)| from).collect()))
+}
+
+/// `e`, saying which variable gave the value at fault if the environment did.
+fn blame(mut e: ConfigError, given: &[(FromEnv, serde_norway::Value)]) -> ConfigError {
+    let from = given
+        .iter()
+        .find(|(from, _)| e.field == from.path || e.field.starts_with(&format!("{}.", from.path)));
+    if let Some((from, _)) = from {
+        e.message = format!("{} (from {})", e.message, from.variable);
+    }
+    e
+}
+
+/// A serde error as the field at fault and what is wrong with it.
+fn field_error(e: serde_path_to_error::Error<serde_norway::Error>) -> ConfigError {
+    {
         let path = e.path().to_string();
         let inner = e.into_inner();
         // Unknown parts of the path (a syntax error inside a map) read as `?`: say where.
@@ -531,8 +582,7 @@ pub fn parse_in(text: &str, dir: Option<&Path>) -> Result<Settings, ConfigError>
             .unwrap_or(&message)
             .to_string();
         error(field, message)
-    })?;
-    raw.check(dir)
+    }
 }
 
 /// Whether `text` is a YAML document with nothing in it (as YAML reads it: blanks, comments,

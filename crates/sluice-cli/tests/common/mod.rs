@@ -74,12 +74,18 @@ pub struct Server {
 impl Server {
     /// Starts `sluice serve --listen 127.0.0.1:0 ARGS...` and waits for its listening line.
     pub fn start(args: &[&str]) -> Self {
+        Self::start_with_env(args, &[])
+    }
+
+    /// [`Server::start`], with `env` added to the server's environment.
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Self {
         let dir = TempDir::new();
         let stderr = dir.path().join("stderr.log");
         let mut child = sluice()
             .arg("serve")
             .args(["--listen", "127.0.0.1:0"])
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&stderr).unwrap())
             .spawn()

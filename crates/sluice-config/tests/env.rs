@@ -1,0 +1,188 @@
+//! Settings from the environment: the table of keys is the config's schema (read off the
+//! reader's own list of fields), each key set by its variable changes the settings, and the
+//! environment wins over the file.
+
+use std::collections::{BTreeSet, HashMap};
+
+use sluice_config::{ENV_KEYS, env_name, parse_with_env};
+
+/// The fields the reader knows at `section` ("" for the top), from its refusal of an unknown
+/// one (`unknown field ..., expected one of `a`, `b``).
+fn fields(section: &str) -> Vec<String> {
+    let text = if section.is_empty() {
+        "zz_unknown: 1\n".to_string()
+    } else {
+        format!("{section}: {{zz_unknown: 1}}\n")
+    };
+    let e = parse_with_env(&text, None, &|_| None).unwrap_err();
+    let (_, expected) = e.message.split_once("expected").unwrap_or_else(|| panic!("{e}"));
+    expected
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn every_key_of_the_schema_has_a_variable_and_no_variable_names_nothing() {
+    let sections = ["key", "redis", "rls", "api", "admin", "rules"];
+    let mut schema = BTreeSet::new();
+    for field in fields("") {
+        // A section is set key by key; `rules` is a path too.
+        if !sections.contains(&field.as_str()) || field == "rules" {
+            schema.insert(field);
+        }
+    }
+    for section in sections {
+        for field in fields(section) {
+            schema.insert(format!("{section}.{field}"));
+        }
+    }
+    let table: BTreeSet<String> = ENV_KEYS.iter().map(|k| k.to_string()).collect();
+    assert_eq!(table, schema);
+    // No two keys share a variable.
+    let names: BTreeSet<String> = ENV_KEYS.iter().map(|k| env_name(k)).collect();
+    assert_eq!(names.len(), ENV_KEYS.len());
+}
+
+/// The settings of `file` with `env` as the environment, as text to compare.
+fn settings(file: &str, env: &[(&str, &str)]) -> Result<String, sluice_config::ConfigError> {
+    let env: HashMap<String, String> = env.iter().map(|(k, v)| (env_name(k), v.to_string())).collect();
+    parse_with_env(file, None, &|name| env.get(name).cloned()).map(|(settings, _)| format!("{settings:?}"))
+}
+
+#[test]
+fn each_variable_sets_its_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("edge.yaml");
+    std::fs::write(&rules, "domain: edge\ndescriptors: []\n").unwrap();
+    let rules = rules.to_str().unwrap().to_owned();
+    let url = [("rules.url", "http://127.0.0.1:9")];
+    let redis = [("redis.url", "redis://127.0.0.1:1")];
+    let file = [("rules", rules.as_str())];
+    // Each key, a value other than its default, and what it needs beside it.
+    let cases: Vec<(&str, &str, &[(&str, &str)])> = vec![
+        ("listen", "127.0.0.1:9999", &[]),
+        ("idle_timeout", "7s", &[]),
+        ("drain_delay", "1s", &[]),
+        ("shutdown_timeout", "3s", &[]),
+        ("max_connections", "77", &[]),
+        ("max_header_bytes", "9000", &[]),
+        ("max_headers", "50", &[]),
+        ("key.from", "[header:X-Who]", &[]),
+        ("key.default", "nobody", &[]),
+        ("key.max_length", "64", &[]),
+        ("trusted_proxies", "[10.0.0.0/8]", &[]),
+        ("client_ip_header", "x-real-ip", &[]),
+        ("ipv6_prefix", "48", &[]),
+        ("algorithm", "fixed_window", &[]),
+        ("burst", "5", &[("accounts", "{alice: 1/s}")]),
+        ("failsafe", "3/s", &[]),
+        ("failsafe_pool", "100/s", &[]),
+        ("unknown", "1/s", &[]),
+        ("fetch_latency", "1ms", &[]),
+        ("fetch_timeout", "2s", &[]),
+        ("refresh", "5s", &[]),
+        ("capacity", "1000", &[]),
+        ("headers", "false", &[]),
+        ("bypass", "[x]", &[]),
+        ("on_excess", "wait", &[]),
+        ("max_wait", "1s", &[("on_excess", "wait")]),
+        ("queue_limit", "5", &[("on_excess", "wait")]),
+        ("queue_order", "newest_first", &[("on_excess", "wait")]),
+        ("max_waiters", "100", &[]),
+        ("accounts", "{alice: 1/s}", &[]),
+        ("accounts_url", "http://127.0.0.1:9/q/{key}", &[]),
+        ("costs", "[{path: /x, cost: 2}]", &[]),
+        ("redis.url", "redis://127.0.0.1:1", &[]),
+        ("redis.cluster", "[redis://127.0.0.1:1]", &[]),
+        ("redis.policy", "fail_closed", &redis),
+        ("redis.hosts", "2", &redis),
+        ("redis.timeout", "1s", &redis),
+        ("redis.degrade_after", "7", &redis),
+        ("redis.prefix", "p", &redis),
+        ("rules", rules.as_str(), &[]),
+        ("rules.url", "http://127.0.0.1:9", &[]),
+        ("rules.poll", "3s", &url),
+        ("rules.timeout", "1s", &url),
+        ("rules.token", "t0ken", &url),
+        ("rules.snapshot", "/tmp/sluice-snapshot.json", &url),
+        ("rls.listen", "127.0.0.1:0", &url),
+        ("rls.headers", "draft", &url),
+        ("rls.shadow", "true", &url),
+        ("rls.quota_mode", "true", &url),
+        ("rls.dynamic_metadata", "true", &url),
+        ("api.listen", "127.0.0.1:0", &url),
+        ("counting", "independent", &url),
+        ("merge_domains", "true", &file),
+        ("admin.listen", "127.0.0.1:0", &[]),
+        ("denied_log", "3", &[]),
+    ];
+    let covered: BTreeSet<&str> = cases.iter().map(|(key, _, _)| *key).collect();
+    assert_eq!(covered, ENV_KEYS.iter().copied().collect::<BTreeSet<_>>());
+    for (key, value, beside) in cases {
+        let without = settings("{}\n", beside).unwrap_or_else(|e| panic!("{key}: {e}"));
+        let mut env = beside.to_vec();
+        env.push((key, value));
+        let with = settings("{}\n", &env).unwrap_or_else(|e| panic!("{} = {value:?}: {e}", env_name(key)));
+        assert_ne!(with, without, "{} changed nothing", env_name(key));
+    }
+}
+
+#[test]
+fn the_environment_wins_over_the_file_and_a_bad_value_names_its_variable() {
+    let file = "listen: 127.0.0.1:1111\nredis: {url: 'redis://10.0.0.1:6379', timeout: 2s}\n";
+    let from_file = settings(file, &[]).unwrap();
+    assert!(from_file.contains("127.0.0.1:1111"));
+    let both = settings(file, &[("listen", "127.0.0.1:2222"), ("redis.prefix", "env")]).unwrap();
+    assert!(
+        both.contains("127.0.0.1:2222") && !both.contains("127.0.0.1:1111"),
+        "{both}"
+    );
+    // A key the environment sets beside the file's keys of one section keeps the others.
+    assert!(
+        both.contains("10.0.0.1:6379") && both.contains("\"env\""),
+        "{both}"
+    );
+    let e = settings(file, &[("idle_timeout", "forever")]).unwrap_err();
+    assert_eq!(e.field, "idle_timeout");
+    assert!(e.message.contains("SLUICE_IDLE_TIMEOUT"), "{e}");
+    let e = settings("{}\n", &[("accounts", "{alice: [")]).unwrap_err();
+    assert!(e.message.contains("SLUICE_ACCOUNTS"), "{e}");
+}
+
+#[test]
+fn a_value_can_come_from_a_file_as_secrets_are_mounted() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("url");
+    // The line break a file usually ends with is not part of the value.
+    std::fs::write(&file, "http://10.1.2.3:9/q/{key}\n").unwrap();
+    let env: HashMap<&str, String> =
+        [("SLUICE_ACCOUNTS_URL_FILE", file.to_str().unwrap().to_string())].into();
+    let (settings, from) = parse_with_env("{}\n", None, &|name| env.get(name).cloned()).unwrap();
+    assert!(format!("{settings:?}").contains("10.1.2.3:9"), "{settings:?}");
+    assert_eq!(from[0].variable, "SLUICE_ACCOUNTS_URL_FILE");
+    // The rules token, the secret it is meant for.
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret\n").unwrap();
+    let env: HashMap<&str, String> = [
+        ("SLUICE_RULES_URL", "http://127.0.0.1:9".to_string()),
+        ("SLUICE_RULES_TOKEN_FILE", token.to_str().unwrap().to_string()),
+    ]
+    .into();
+    let (settings, from) = parse_with_env("{}\n", None, &|name| env.get(name).cloned()).unwrap();
+    assert!(settings.service.is_some());
+    assert!(
+        from.iter()
+            .any(|f| f.path == "rules.token" && f.variable == "SLUICE_RULES_TOKEN_FILE")
+    );
+    // Both forms at once, or a file that cannot be read: refused by name.
+    let both: HashMap<&str, &str> = [("SLUICE_RULES_TOKEN", "a"), ("SLUICE_RULES_TOKEN_FILE", "/x")].into();
+    let e = parse_with_env("{}\n", None, &|name| both.get(name).map(|v| v.to_string())).unwrap_err();
+    assert!(e.message.contains("give one"), "{e}");
+    let missing: HashMap<&str, &str> = [("SLUICE_LISTEN_FILE", "/nonexistent/listen")].into();
+    let e = parse_with_env("{}\n", None, &|name| missing.get(name).map(|v| v.to_string())).unwrap_err();
+    assert_eq!(e.field, "listen");
+    assert!(e.message.contains("SLUICE_LISTEN_FILE"), "{e}");
+}
