@@ -10,6 +10,7 @@
 //! | `GET /ui` | the live console, its assets in the binary |
 //! | `/rules/...` | with `rules: {url}`: the rules service's API (`/v1/...`), forwarded with the caller's own `Authorization`, so the console edits rules with the user's token, never the host's |
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
@@ -48,15 +49,27 @@ pub fn router(observed: Observed) -> Router {
         .with_state(observed)
 }
 
-/// Serves the admin routes on `listener` until `stop` turns true.
-pub fn serve(observed: Observed, listener: TcpListener, stop: watch::Receiver<bool>) {
+/// Serves the admin routes on `listener` (over `tls` if given) until `stop` turns true.
+pub fn serve(
+    observed: Observed,
+    listener: TcpListener,
+    tls: Option<Arc<crate::tls::ServerTls>>,
+    stop: watch::Receiver<bool>,
+) {
     let app = router(observed);
+    let mut stopping = stop.clone();
+    let stopped = async move {
+        let _ = stopping.wait_for(|stop| *stop).await;
+    };
     tokio::spawn(async move {
-        let stopped = async move {
-            let mut stop = stop;
-            let _ = stop.wait_for(|stop| *stop).await;
+        let served = match tls {
+            None => axum::serve(listener, app).with_graceful_shutdown(stopped).await,
+            Some(tls) => match crate::tls::TlsListener::new(listener, tls, stop) {
+                Ok(listener) => axum::serve(listener, app).with_graceful_shutdown(stopped).await,
+                Err(e) => Err(e),
+            },
         };
-        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stopped).await {
+        if let Err(e) = served {
             tracing::error!("admin: {e}");
         }
     });

@@ -49,6 +49,7 @@ fn bump(counter: &AtomicU64) {
 }
 
 /// The live connections: how many, and the signal that closes them.
+#[derive(Clone)]
 pub struct Connections {
     stop: watch::Sender<bool>,
     live: Arc<Live>,

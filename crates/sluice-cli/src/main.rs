@@ -10,6 +10,7 @@ mod reload;
 mod rules;
 mod server;
 mod service;
+mod tls;
 mod watch;
 
 use std::io::IsTerminal as _;

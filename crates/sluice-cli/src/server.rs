@@ -26,6 +26,7 @@ use crate::config::Settings;
 use crate::connection::{Activity, Connections};
 use crate::limits::ConnectionLimit;
 use crate::metrics::{HostState, Observed};
+use crate::tls::{ServerTls, TlsError};
 use crate::{Stop, StopSignals};
 
 /// hyper's own bound on a request's headers: not set unless the config asks for another,
@@ -59,6 +60,14 @@ pub enum ServeError {
     /// The rate-limit service could not start.
     #[error("{0}")]
     Service(#[from] crate::service::ServiceError),
+    /// A listener's TLS could not be set up.
+    #[error("{field}: {source}")]
+    Tls {
+        /// The config's section (`tls`, `admin.tls`).
+        field: &'static str,
+        /// Why.
+        source: TlsError,
+    },
 }
 
 /// What the server runs with.
@@ -124,6 +133,22 @@ pub async fn serve(
         tokio::spawn(watch);
     }
 
+    let stop = watch::Sender::new(false);
+    let tls = (options.settings.tls.as_ref())
+        .map(|settings| ServerTls::start(settings, stop.subscribe()))
+        .transpose()
+        .map_err(|e| ServeError::Tls {
+            field: "tls",
+            source: e,
+        })?;
+    let admin_tls = (options.settings.admin_tls.as_ref())
+        .map(|settings| ServerTls::start(settings, stop.subscribe()))
+        .transpose()
+        .map_err(|e| ServeError::Tls {
+            field: "admin.tls",
+            source: e,
+        })?;
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let acceptor = Arc::new(Acceptor {
         app,
         connections: Connections::new(),
@@ -131,8 +156,9 @@ pub async fn serve(
         idle_timeout: options.settings.idle_timeout,
         max_header_bytes: options.settings.max_header_bytes,
         max_headers: options.settings.max_headers,
-        stop: watch::Sender::new(false),
+        stop: stop.clone(),
         drained: watch::Sender::new(false),
+        tls,
     });
     // Its lines go to stdout before the one a spawning process waits for.
     let (ready, ready_now) = watch::channel(true);
@@ -176,11 +202,12 @@ pub async fn serve(
             .local_addr()
             .map_err(|source| ServeError::AdminBind { addr, source })?;
         let mut stdout = std::io::stdout().lock();
-        let _ = writeln!(stdout, "admin listening on http://{admin_bound}/");
+        let admin_scheme = if admin_tls.is_some() { "https" } else { "http" };
+        let _ = writeln!(stdout, "admin listening on {admin_scheme}://{admin_bound}/");
         let _ = stdout.flush();
         drop(stdout);
         tracing::info!(bound = %admin_bound, "admin: /metrics /healthz /readyz /v1/top /ui");
-        crate::admin::serve(observed.clone(), admin, acceptor.stop.subscribe());
+        crate::admin::serve(observed.clone(), admin, admin_tls, acceptor.stop.subscribe());
     }
     let workers = (1..threads)
         .map(|i| spawn_worker(i, bound, Arc::clone(&acceptor), service.clone()))
@@ -189,7 +216,7 @@ pub async fn serve(
 
     // The one line a spawning process waits for; logs go to stderr.
     let mut stdout = std::io::stdout().lock();
-    let _ = writeln!(stdout, "listening on http://{bound}");
+    let _ = writeln!(stdout, "listening on {scheme}://{bound}");
     let _ = stdout.flush();
     drop(stdout);
     tracing::info!(%bound, threads, "serving; {connection_limit}");
@@ -362,6 +389,8 @@ struct Acceptor {
     stop: watch::Sender<bool>,
     /// Set when the connections are drained (or the drain timed out).
     drained: watch::Sender<bool>,
+    /// TLS on the listener (`tls:`), if configured.
+    tls: Option<Arc<ServerTls>>,
 }
 
 impl Acceptor {
@@ -420,14 +449,40 @@ impl Acceptor {
                 peer,
                 activity: Arc::clone(&activity),
             };
-            let connection = self.connections.serve(
-                builder.serve_connection(TokioIo::new(stream), handler),
-                activity,
+            let Some(tls) = &self.tls else {
+                let connection = self.connections.serve(
+                    builder.serve_connection(TokioIo::new(stream), handler),
+                    activity,
+                    self.idle_timeout,
+                );
+                tokio::spawn(async move {
+                    if let Err(e) = connection.await {
+                        tracing::debug!("connection from {peer}: {e}");
+                    }
+                    drop(place);
+                });
+                continue;
+            };
+            // The handshake on the connection's own task, so a slow one holds up no other.
+            let (tls, builder, connections, idle_timeout) = (
+                Arc::clone(tls),
+                builder.clone(),
+                self.connections.clone(),
                 self.idle_timeout,
             );
             tokio::spawn(async move {
-                if let Err(e) = connection.await {
-                    tracing::debug!("connection from {peer}: {e}");
+                match tls.accept(stream).await {
+                    Ok(stream) => {
+                        let connection = connections.serve(
+                            builder.serve_connection(TokioIo::new(stream), handler),
+                            activity,
+                            idle_timeout,
+                        );
+                        if let Err(e) = connection.await {
+                            tracing::debug!("connection from {peer}: {e}");
+                        }
+                    }
+                    Err(e) => tracing::debug!("TLS from {peer}: {e}"),
                 }
                 drop(place);
             });

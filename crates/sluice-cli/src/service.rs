@@ -11,6 +11,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
 use sluice_descriptors::{LoadOptions, RuleSet};
+
+use crate::tls::{ServerTls, TlsListener};
 use sluice_rules_client::{DEFAULT_MAX_BYTES, Fetched, PollError, Snapshot, SnapshotError};
 use sluice_service::{CheckApi, Engine, EngineSettings, RateLimitService, RedisCounters};
 use tokio::net::TcpListener;
@@ -45,6 +47,14 @@ pub enum ServiceError {
         /// Why the snapshot could not be used.
         snapshot: Box<SnapshotError>,
     },
+    /// A listener's TLS could not be set up.
+    #[error("{field}: {source}")]
+    Tls {
+        /// `api.tls`.
+        field: &'static str,
+        /// Why.
+        source: crate::tls::TlsError,
+    },
     /// A listener could not be bound.
     #[error("{field}: cannot listen on {addr}: {source}")]
     Bind {
@@ -66,6 +76,8 @@ pub struct Running {
     ready: watch::Receiver<bool>,
     rls: Option<SocketAddr>,
     api: Option<SocketAddr>,
+    /// TLS on the check API (`api.tls`).
+    api_tls: Option<Arc<ServerTls>>,
 }
 
 /// Starts the service's listeners and rules watcher on this runtime, if the config has rules.
@@ -125,6 +137,13 @@ pub async fn start(
         ready,
         rls: None,
         api: None,
+        api_tls: (service.api_tls.as_ref())
+            .map(|tls| ServerTls::start(tls, stop.clone()))
+            .transpose()
+            .map_err(|source| ServiceError::Tls {
+                field: "api.tls",
+                source,
+            })?,
     };
     let mut stdout = std::io::stdout().lock();
     if let Some(addr) = service.rls {
@@ -136,8 +155,13 @@ pub async fn start(
     }
     if let Some(addr) = service.api {
         let (listener, bound) = bind("api.listen", addr, shared_port)?;
-        let _ = writeln!(stdout, "api listening on http://{bound}/");
-        serve_api(&running.engine, listener, stop.clone());
+        let scheme = if running.api_tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let _ = writeln!(stdout, "api listening on {scheme}://{bound}/");
+        serve_api(&running.engine, listener, running.api_tls.clone(), stop.clone());
         running.api = Some(bound);
         tracing::info!(%bound, "check API (POST /v1/check)");
     }
@@ -173,7 +197,12 @@ impl Running {
             );
         }
         if let Some(addr) = self.api {
-            serve_api(&self.engine, crate::server::bind(addr, true)?, stop.clone());
+            serve_api(
+                &self.engine,
+                crate::server::bind(addr, true)?,
+                self.api_tls.clone(),
+                stop.clone(),
+            );
         }
         Ok(())
     }
@@ -193,10 +222,26 @@ fn serve_rls(
     });
 }
 
-fn serve_api(engine: &Arc<Engine>, listener: TcpListener, stop: watch::Receiver<bool>) {
+fn serve_api(
+    engine: &Arc<Engine>,
+    listener: TcpListener,
+    tls: Option<Arc<ServerTls>>,
+    stop: watch::Receiver<bool>,
+) {
     let api = CheckApi::new(Arc::clone(engine));
     tokio::spawn(async move {
-        if let Err(e) = api.serve(listener, stopped(stop)).await {
+        let served = match tls {
+            None => api.serve(listener, stopped(stop)).await,
+            Some(tls) => match TlsListener::new(listener, tls, stop.clone()) {
+                Ok(listener) => {
+                    axum::serve(listener, api.router())
+                        .with_graceful_shutdown(stopped(stop))
+                        .await
+                }
+                Err(e) => Err(e),
+            },
+        };
+        if let Err(e) = served {
             tracing::error!("api: {e}");
         }
     });

@@ -9,8 +9,8 @@ use sluice_http::{
     ClientIpHeader, CostRule, IpNet, KeyPart, LayerBuildError, RateLimitLayer, normalize_path,
 };
 
-use super::Answers;
 use super::raw::{RawConfig, RawCost, RawKey, RawListener, RawRls, RawRules, RawRulesService, RawWait};
+use super::{Answers, TlsSettings};
 use super::{
     ConfigError, Counting, DEFAULT_MAX_WAIT, DEFAULT_QUEUE_LIMIT, DEFAULT_RULES_POLL, DEFAULT_RULES_SNAPSHOT,
     ExcessSettings, FieldSet, LimiterSettings, LoadedRules, RulesFrom, RulesService, ServiceSettings,
@@ -200,6 +200,10 @@ impl RawConfig {
         let costs = (self.costs.iter().enumerate())
             .map(|(i, rule)| cost(i, rule))
             .collect::<Result<Vec<_>, _>>()?;
+        let admin_tls = (self.admin.as_ref().and_then(|a| a.tls.as_ref()))
+            .map(|raw| tls("admin.tls", raw, dir))
+            .transpose()?;
+        let tls = (self.tls.as_ref()).map(|raw| tls("tls", raw, dir)).transpose()?;
         let admin = (self.admin.as_ref())
             .map(|a| {
                 a.listen
@@ -253,6 +257,8 @@ impl RawConfig {
             },
             service,
             admin,
+            admin_tls,
+            tls,
         })
     }
 
@@ -422,6 +428,9 @@ fn service(
         .map(|listen| address("rls.listen", listen))
         .transpose()?;
     let api_listen = api.map(|a| address("api.listen", &a.listen)).transpose()?;
+    let api_tls = (api.and_then(|a| a.tls.as_ref()))
+        .map(|raw| tls("api.tls", raw, dir))
+        .transpose()?;
     let headers = match rls.and_then(|r| r.headers.as_deref()) {
         Some(text) => text.parse().map_err(|e| error("rls.headers", e))?,
         None => FieldSet::default(),
@@ -472,7 +481,50 @@ fn service(
         counting,
         headers,
         answers,
+        api_tls,
     }))
+}
+
+/// `field: {cert, key, client_ca, allow}` checked: each file readable (relative paths from the
+/// config's directory), `allow` only beside `client_ca`. The binary reads the PEM itself.
+fn tls(
+    field: &str,
+    raw: &super::raw::RawTls,
+    dir: Option<&std::path::Path>,
+) -> Result<TlsSettings, ConfigError> {
+    let readable = |name: &str, written: &str| {
+        let path = in_dir(dir, written);
+        std::fs::metadata(&path).map_err(|e| {
+            error(
+                format!("{field}.{name}"),
+                format!("cannot read {}: {e}", path.display()),
+            )
+        })?;
+        Ok::<_, ConfigError>(path)
+    };
+    let cert = readable("cert", &raw.cert)?;
+    let key = readable("key", &raw.key)?;
+    let client_ca = (raw.client_ca.as_deref())
+        .map(|written| readable("client_ca", written))
+        .transpose()?;
+    if !raw.allow.is_empty() && client_ca.is_none() {
+        return Err(error(
+            format!("{field}.allow"),
+            "names clients, which only a listener with client_ca asks for",
+        ));
+    }
+    if let Some(name) = raw.allow.iter().find(|name| name.is_empty() || name.len() > 253) {
+        return Err(error(
+            format!("{field}.allow"),
+            format!("{name:?} is not a DNS name"),
+        ));
+    }
+    Ok(TlsSettings {
+        cert,
+        key,
+        client_ca,
+        allow: raw.allow.clone(),
+    })
 }
 
 /// A path as written in the config: a relative one is read from the config's directory.

@@ -13,6 +13,7 @@ use crate::{ConfigError, error};
 /// (`accounts`, `costs`) is set whole.
 pub const ENV_KEYS: &[&str] = &[
     "listen",
+    "tls",
     "idle_timeout",
     "drain_delay",
     "shutdown_timeout",
@@ -63,9 +64,11 @@ pub const ENV_KEYS: &[&str] = &[
     "rls.quota_mode",
     "rls.dynamic_metadata",
     "api.listen",
+    "api.tls",
     "counting",
     "merge_domains",
     "admin.listen",
+    "admin.tls",
     "denied_log",
 ];
 

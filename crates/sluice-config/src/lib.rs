@@ -247,6 +247,10 @@ pub struct Settings {
     pub service: Option<ServiceSettings>,
     /// Where the admin listener (metrics, health, top keys, console) listens, if anywhere.
     pub admin: Option<SocketAddr>,
+    /// TLS on the admin listener (`admin.tls`).
+    pub admin_tls: Option<TlsSettings>,
+    /// TLS on `listen` (`tls`).
+    pub tls: Option<TlsSettings>,
 }
 
 /// How requests over their quota are treated: refused at once, or queued for capacity.
@@ -310,6 +314,8 @@ pub struct ServiceSettings {
     pub rls: Option<SocketAddr>,
     /// Where the HTTP check API listens, if anywhere.
     pub api: Option<SocketAddr>,
+    /// TLS on the check API (`api.tls`).
+    pub api_tls: Option<TlsSettings>,
     /// How one request's descriptors are counted.
     pub counting: Counting,
     /// The rate-limit header fields answers carry (`rls.headers`).
@@ -317,6 +323,32 @@ pub struct ServiceSettings {
     /// How answers are given beyond the rules (`rls.shadow`, `rls.quota_mode`,
     /// `rls.dynamic_metadata`).
     pub answers: Answers,
+}
+
+/// A listener's TLS (`tls: {cert, key, client_ca, allow}`): the files are read again when they
+/// change, so a rotated certificate needs no restart.
+///
+/// ```
+/// let dir = std::env::temp_dir();
+/// let (cert, key) = (dir.join("sluice-doc-cert.pem"), dir.join("sluice-doc-key.pem"));
+/// std::fs::write(&cert, "-----BEGIN CERTIFICATE-----\n")?;
+/// std::fs::write(&key, "-----BEGIN PRIVATE KEY-----\n")?;
+/// let file = format!("admin: {{listen: 127.0.0.1:9901, tls: {{cert: {}, key: {}}}}}\n", cert.display(), key.display());
+/// let tls = sluice_config::parse(&file)?.admin_tls.unwrap();
+/// assert_eq!((tls.cert, tls.client_ca), (cert, None));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsSettings {
+    /// The certificate chain, PEM, leaf first.
+    pub cert: std::path::PathBuf,
+    /// Its private key, PEM.
+    pub key: std::path::PathBuf,
+    /// Clients must present a certificate issued by one of these (PEM), if given.
+    pub client_ca: Option<std::path::PathBuf>,
+    /// With `client_ca`: the DNS names (a certificate's subject alternative names) a client
+    /// may have; any, if empty.
+    pub allow: Vec<String>,
 }
 
 /// How the service answers beyond what the rules say: envoy ratelimit's global settings.

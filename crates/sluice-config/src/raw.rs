@@ -10,6 +10,8 @@ use serde::Deserialize;
 #[serde(deny_unknown_fields, default)]
 pub(super) struct RawConfig {
     pub listen: String,
+    /// TLS on `listen`.
+    pub tls: Option<RawTls>,
     pub idle_timeout: String,
     /// After SIGTERM, how long the listeners keep accepting while readiness says stopping.
     pub drain_delay: String,
@@ -71,6 +73,7 @@ impl Default for RawConfig {
     fn default() -> Self {
         Self {
             listen: "127.0.0.1:8080".into(),
+            tls: None,
             idle_timeout: "30s".into(),
             drain_delay: "5s".into(),
             shutdown_timeout: "10s".into(),
@@ -173,11 +176,26 @@ pub(super) struct RawRls {
     pub dynamic_metadata: bool,
 }
 
-/// A section that only says where to listen.
+/// A section that says where to listen, and how to speak TLS there.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawListener {
     pub listen: String,
+    #[serde(default)]
+    pub tls: Option<RawTls>,
+}
+
+/// `tls:` of a listener: its certificate chain and key (PEM files), and the clients it
+/// requires (mTLS): those with a certificate from `client_ca`, named in `allow` if given.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTls {
+    pub cert: String,
+    pub key: String,
+    #[serde(default)]
+    pub client_ca: Option<String>,
+    #[serde(default)]
+    pub allow: Vec<String>,
 }
 
 /// `rules:` as written: a path, or a map naming a rules service.

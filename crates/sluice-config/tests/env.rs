@@ -52,6 +52,9 @@ fn settings(file: &str, env: &[(&str, &str)]) -> Result<String, sluice_config::C
     parse_with_env(file, None, &|name| env.get(name).cloned()).map(|(settings, _)| format!("{settings:?}"))
 }
 
+/// The keys a case needs set beside its own.
+type Beside<'a> = &'a [(&'a str, &'a str)];
+
 #[test]
 fn each_variable_sets_its_key() {
     let dir = tempfile::tempdir().unwrap();
@@ -61,9 +64,18 @@ fn each_variable_sets_its_key() {
     let url = [("rules.url", "http://127.0.0.1:9")];
     let redis = [("redis.url", "redis://127.0.0.1:1")];
     let file = [("rules", rules.as_str())];
+    // The TLS files are read by the binary; the config only checks they can be read.
+    let pem = dir.path().join("any.pem");
+    std::fs::write(&pem, "-----BEGIN CERTIFICATE-----\n").unwrap();
+    let tls = format!("{{cert: {0}, key: {0}}}", pem.display());
+    let admin = [("admin.listen", "127.0.0.1:0")];
+    let api = [("rules.url", "http://127.0.0.1:9"), ("api.listen", "127.0.0.1:0")];
     // Each key, a value other than its default, and what it needs beside it.
-    let cases: Vec<(&str, &str, &[(&str, &str)])> = vec![
+    let cases: Vec<(&str, &str, Beside)> = vec![
         ("listen", "127.0.0.1:9999", &[]),
+        ("tls", tls.as_str(), &[]),
+        ("admin.tls", tls.as_str(), &admin),
+        ("api.tls", tls.as_str(), &api),
         ("idle_timeout", "7s", &[]),
         ("drain_delay", "1s", &[]),
         ("shutdown_timeout", "3s", &[]),

@@ -112,9 +112,13 @@ impl Server {
             });
             if let Some(addr) = line.strip_prefix("rls listening on ") {
                 rls = Some(addr.parse().unwrap());
-            } else if let Some(addr) = line.strip_prefix("api listening on http://") {
+            } else if let Some(addr) = (line.strip_prefix("api listening on http://"))
+                .or_else(|| line.strip_prefix("api listening on https://"))
+            {
                 api = Some(addr.trim_end_matches('/').parse().unwrap());
-            } else if let Some(addr) = line.strip_prefix("admin listening on http://") {
+            } else if let Some(addr) = (line.strip_prefix("admin listening on http://"))
+                .or_else(|| line.strip_prefix("admin listening on https://"))
+            {
                 admin = Some(addr.trim_end_matches('/').parse().unwrap());
             } else {
                 break line;
@@ -123,6 +127,7 @@ impl Server {
         let addr = first_line
             .trim_end()
             .strip_prefix("listening on http://")
+            .or_else(|| first_line.trim_end().strip_prefix("listening on https://"))
             .unwrap_or_else(|| {
                 panic!(
                     "unexpected first line {first_line:?}; stderr: {}",

@@ -1,0 +1,253 @@
+//! TLS on `sluice serve`'s listeners, over real sockets with certificates made at test time:
+//! the main listener, the admin listener under mTLS with an allowed name, and the check API;
+//! plaintext refused where TLS is on; a certificate rotated under load with no failed request;
+//! a bad new pair keeping the running one.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use common::{Server, TempDir, wait_until};
+use rcgen::{BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, KeyPair, SanType};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+
+/// A certificate authority made for one test.
+struct Ca {
+    cert: rcgen::Certificate,
+    key: KeyPair,
+}
+
+impl Ca {
+    fn new() -> Self {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let key = KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        Self { cert, key }
+    }
+
+    /// A certificate for `names` (and 127.0.0.1), for a server or a client: (cert PEM, key PEM).
+    fn issue(&self, names: &[&str], usage: ExtendedKeyUsagePurpose) -> (String, String) {
+        let mut params =
+            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap();
+        params
+            .subject_alt_names
+            .push(SanType::IpAddress("127.0.0.1".parse().unwrap()));
+        params.extended_key_usages = vec![usage];
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.cert, &self.key).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
+    fn pem(&self) -> String {
+        self.cert.pem()
+    }
+}
+
+/// A TLS client of `ca`'s servers, with a client certificate if given.
+fn client_config(ca: &Ca, identity: Option<&(String, String)>) -> Arc<rustls::ClientConfig> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca.pem().as_bytes()).unwrap())
+        .unwrap();
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    let config = match identity {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => builder
+            .with_client_auth_cert(
+                vec![CertificateDer::from_pem_slice(cert.as_bytes()).unwrap()],
+                PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
+            )
+            .unwrap(),
+    };
+    Arc::new(config)
+}
+
+/// One HTTP/1.1 request over TLS on a new connection: the status, or why there is none; and
+/// the server certificate seen.
+fn request(
+    addr: SocketAddr,
+    config: &Arc<rustls::ClientConfig>,
+    head: &str,
+) -> Result<(u16, Vec<u8>), String> {
+    let name = ServerName::try_from("localhost").unwrap();
+    let mut conn = rustls::ClientConnection::new(Arc::clone(config), name).map_err(|e| e.to_string())?;
+    let mut tcp = TcpStream::connect(addr).map_err(|e| e.to_string())?;
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut tls = rustls::Stream::new(&mut conn, &mut tcp);
+    tls.write_all(head.as_bytes()).map_err(|e| e.to_string())?;
+    let mut answer = Vec::new();
+    match tls.read_to_end(&mut answer) {
+        Ok(_) => {}
+        // A server that closes without close_notify: what was read is the answer.
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !answer.is_empty() => {}
+        Err(e) => return Err(e.to_string()),
+    }
+    let seen = (conn.peer_certificates().and_then(|c| c.first()))
+        .map(|c| c.to_vec())
+        .unwrap_or_default();
+    let text = String::from_utf8_lossy(&answer);
+    let status = (text.strip_prefix("HTTP/1.1 ").and_then(|rest| rest.get(..3)))
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| format!("no HTTP answer: {text:?}"))?;
+    Ok((status, seen))
+}
+
+fn get(path: &str, account: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nX-Account-ID: {account}\r\nConnection: close\r\n\r\n")
+}
+
+/// Whether a plaintext request gets an HTTP answer.
+fn plaintext_answered(addr: SocketAddr) -> bool {
+    let Ok(mut tcp) = TcpStream::connect(addr) else {
+        return false;
+    };
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = tcp.write_all(get("/", "alice").as_bytes());
+    let mut answer = Vec::new();
+    let _ = tcp.read_to_end(&mut answer);
+    answer.starts_with(b"HTTP/1.1 ")
+}
+
+struct Setup {
+    dir: TempDir,
+    ca: Ca,
+    server: Server,
+}
+
+fn start() -> Setup {
+    let dir = TempDir::new();
+    let ca = Ca::new();
+    let (cert, key) = ca.issue(&["localhost"], ExtendedKeyUsagePurpose::ServerAuth);
+    dir.write("cert.pem", &cert);
+    dir.write("key.pem", &key);
+    dir.write("ca.pem", &ca.pem());
+    dir.write(
+        "edge.yaml",
+        "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {quota: 100/h}\n",
+    );
+    let config = "
+tls: {cert: cert.pem, key: key.pem}
+accounts: {alice: 100000/s}
+admin: {listen: 127.0.0.1:0, tls: {cert: cert.pem, key: key.pem, client_ca: ca.pem, allow: [ops.example]}}
+rules: edge.yaml
+api: {listen: 127.0.0.1:0, tls: {cert: cert.pem, key: key.pem}}
+";
+    let file = dir.write("sluice.yaml", config);
+    let server = Server::start(&["--config", file.to_str().unwrap()]);
+    assert!(
+        server.first_line.starts_with("listening on https://"),
+        "{}",
+        server.first_line
+    );
+    Setup { dir, ca, server }
+}
+
+#[test]
+fn every_listener_speaks_tls_and_refuses_plaintext() {
+    let Setup { server, ca, .. } = start();
+    let client = client_config(&ca, None);
+    let (status, _) = request(server.addr, &client, &get("/", "alice")).unwrap();
+    assert_eq!(status, 200);
+    let api = server.api.unwrap();
+    let body = r#"{"domain":"edge","descriptors":[{"entries":[{"key":"user","value":"u"}]}]}"#;
+    let post = format!(
+        "POST /v1/check HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let (status, _) = request(api, &client, &post).unwrap();
+    assert_eq!(status, 200);
+    for addr in [server.addr, api, server.admin.unwrap()] {
+        assert!(!plaintext_answered(addr), "{addr} answered plaintext");
+    }
+}
+
+#[test]
+fn the_admin_listener_asks_for_a_client_certificate_from_its_ca_and_an_allowed_name() {
+    let Setup { server, ca, .. } = start();
+    let admin = server.admin.unwrap();
+    let ops = ca.issue(&["ops.example"], ExtendedKeyUsagePurpose::ClientAuth);
+    let (status, _) = request(admin, &client_config(&ca, Some(&ops)), &get("/healthz", "x")).unwrap();
+    assert_eq!(status, 200);
+    // No certificate; one from another CA; one from the CA for a name not allowed.
+    let anonymous = request(admin, &client_config(&ca, None), &get("/healthz", "x"));
+    assert!(anonymous.is_err(), "{anonymous:?}");
+    let stranger = Ca::new().issue(&["ops.example"], ExtendedKeyUsagePurpose::ClientAuth);
+    let strange = request(admin, &client_config(&ca, Some(&stranger)), &get("/healthz", "x"));
+    assert!(strange.is_err(), "{strange:?}");
+    let other = ca.issue(&["dev.example"], ExtendedKeyUsagePurpose::ClientAuth);
+    let refused = request(admin, &client_config(&ca, Some(&other)), &get("/healthz", "x"));
+    assert!(refused.is_err(), "{refused:?}");
+    // The main listener asks for none.
+    let (status, _) = request(server.addr, &client_config(&ca, None), &get("/", "alice")).unwrap();
+    assert_eq!(status, 200);
+}
+
+#[test]
+fn a_rotated_certificate_is_taken_under_load_without_a_failed_request_and_a_bad_one_is_not() {
+    let Setup { server, ca, dir } = start();
+    let client = client_config(&ca, None);
+    let (_, first) = request(server.addr, &client, &get("/", "alice")).unwrap();
+    let (stop, failed, served) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let load: Vec<_> = (0..2)
+        .map(|_| {
+            let (stop, failed, served, client, addr) = (
+                stop.clone(),
+                failed.clone(),
+                served.clone(),
+                client.clone(),
+                server.addr,
+            );
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    match request(addr, &client, &get("/", "alice")) {
+                        Ok((200, _)) => served.fetch_add(1, Ordering::Relaxed),
+                        other => {
+                            eprintln!("failed: {other:?}");
+                            failed.fetch_add(1, Ordering::Relaxed)
+                        }
+                    };
+                }
+            })
+        })
+        .collect();
+    // Swap the pair as a deploy does: each file written whole, then renamed into place.
+    let (cert, key) = ca.issue(&["localhost"], ExtendedKeyUsagePurpose::ServerAuth);
+    dir.write("key.pem", &key);
+    dir.write("cert.pem", &cert);
+    let rotated = CertificateDer::from_pem_slice(cert.as_bytes()).unwrap().to_vec();
+    wait_until("the new certificate to be served", || {
+        request(server.addr, &client, &get("/", "alice")).is_ok_and(|(_, seen)| seen == rotated)
+    });
+    // A broken certificate file: the running pair stays.
+    dir.write("cert.pem", "not a certificate");
+    wait_until("the refusal to be logged", || {
+        server.stderr().contains("TLS certificate not reloaded")
+    });
+    let (status, seen) = request(server.addr, &client, &get("/", "alice")).unwrap();
+    assert_eq!((status, seen == rotated), (200, true));
+    stop.store(true, Ordering::Relaxed);
+    for thread in load {
+        thread.join().unwrap();
+    }
+    assert_ne!(first, rotated);
+    assert!(served.load(Ordering::Relaxed) > 10, "{served:?}");
+    assert_eq!(
+        failed.load(Ordering::Relaxed),
+        0,
+        "requests failed during the rotation"
+    );
+}
