@@ -26,7 +26,7 @@ use crate::config::Settings;
 use crate::connection::{Activity, Connections};
 use crate::limits::ConnectionLimit;
 use crate::metrics::{HostState, Observed};
-use crate::tls::{ServerTls, TlsError};
+use crate::tls::{Protocol, ServerTls, TlsError};
 use crate::{Stop, StopSignals};
 
 /// hyper's own bound on a request's headers: not set unless the config asks for another,
@@ -135,14 +135,14 @@ pub async fn serve(
 
     let stop = watch::Sender::new(false);
     let tls = (options.settings.tls.as_ref())
-        .map(|settings| ServerTls::start(settings, stop.subscribe()))
+        .map(|settings| ServerTls::start(settings, Protocol::Http1, stop.subscribe()))
         .transpose()
         .map_err(|e| ServeError::Tls {
             field: "tls",
             source: e,
         })?;
     let admin_tls = (options.settings.admin_tls.as_ref())
-        .map(|settings| ServerTls::start(settings, stop.subscribe()))
+        .map(|settings| ServerTls::start(settings, Protocol::Http1, stop.subscribe()))
         .transpose()
         .map_err(|e| ServeError::Tls {
             field: "admin.tls",

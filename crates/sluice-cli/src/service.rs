@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use sluice_descriptors::{LoadOptions, RuleSet};
 
-use crate::tls::{ServerTls, TlsListener};
+use crate::tls::{Protocol, ServerTls, TlsListener};
 use sluice_rules_client::{DEFAULT_MAX_BYTES, Fetched, PollError, Snapshot, SnapshotError};
 use sluice_service::{CheckApi, Engine, EngineSettings, RateLimitService, RedisCounters};
 use tokio::net::TcpListener;
@@ -78,6 +78,8 @@ pub struct Running {
     api: Option<SocketAddr>,
     /// TLS on the check API (`api.tls`).
     api_tls: Option<Arc<ServerTls>>,
+    /// TLS on the RLS port (`rls.tls`).
+    rls_tls: Option<Arc<ServerTls>>,
 }
 
 /// Starts the service's listeners and rules watcher on this runtime, if the config has rules.
@@ -138,10 +140,17 @@ pub async fn start(
         rls: None,
         api: None,
         api_tls: (service.api_tls.as_ref())
-            .map(|tls| ServerTls::start(tls, stop.clone()))
+            .map(|tls| ServerTls::start(tls, Protocol::Http1, stop.clone()))
             .transpose()
             .map_err(|source| ServiceError::Tls {
                 field: "api.tls",
+                source,
+            })?,
+        rls_tls: (service.rls_tls.as_ref())
+            .map(|tls| ServerTls::start(tls, Protocol::H2, stop.clone()))
+            .transpose()
+            .map_err(|source| ServiceError::Tls {
+                field: "rls.tls",
                 source,
             })?,
     };
@@ -149,7 +158,13 @@ pub async fn start(
     if let Some(addr) = service.rls {
         let (listener, bound) = bind("rls.listen", addr, shared_port)?;
         let _ = writeln!(stdout, "rls listening on {bound}");
-        serve_rls(&running.engine, listener, &running.ready, stop.clone());
+        serve_rls(
+            &running.engine,
+            listener,
+            running.rls_tls.clone(),
+            &running.ready,
+            stop.clone(),
+        );
         running.rls = Some(bound);
         tracing::info!(%bound, "rate-limit service (Envoy RLS v3, gRPC)");
     }
@@ -192,6 +207,7 @@ impl Running {
             serve_rls(
                 &self.engine,
                 crate::server::bind(addr, true)?,
+                self.rls_tls.clone(),
                 &self.ready,
                 stop.clone(),
             );
@@ -211,12 +227,23 @@ impl Running {
 fn serve_rls(
     engine: &Arc<Engine>,
     listener: TcpListener,
+    tls: Option<Arc<ServerTls>>,
     ready: &watch::Receiver<bool>,
     stop: watch::Receiver<bool>,
 ) {
     let rls = RateLimitService::new(Arc::clone(engine)).reporting(ready.clone());
     tokio::spawn(async move {
-        if let Err(e) = rls.serve(listener, stopped(stop)).await {
+        let served = match tls {
+            None => rls.serve(listener, stopped(stop)).await,
+            Some(tls) => match TlsListener::new(listener, tls, stop.clone()) {
+                Ok(listener) => rls.serve_incoming(listener.into_incoming(), stopped(stop)).await,
+                Err(e) => {
+                    tracing::error!("rls: {e}");
+                    return;
+                }
+            },
+        };
+        if let Err(e) = served {
             tracing::error!("rls: {e}");
         }
     });

@@ -50,6 +50,24 @@ pub enum TlsError {
     Rustls(String),
 }
 
+/// What a listener speaks inside TLS, as ALPN names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Protocol {
+    /// HTTP/1.1: the main listener, the admin listener, the check API.
+    Http1,
+    /// HTTP/2: the RLS port's gRPC.
+    H2,
+}
+
+impl Protocol {
+    fn alpn(self) -> &'static [u8] {
+        match self {
+            Protocol::Http1 => b"http/1.1",
+            Protocol::H2 => b"h2",
+        }
+    }
+}
+
 /// One listener's TLS, current: what a connection's handshake is made with.
 pub(crate) struct ServerTls {
     config: ArcSwap<ServerConfig>,
@@ -78,7 +96,11 @@ impl Files {
 impl ServerTls {
     /// The TLS of `settings`, read now; with `stop`, a task that reads the files again each
     /// second and takes a changed set once it holds still, until `stop` turns true.
-    pub(crate) fn start(settings: &TlsSettings, stop: watch::Receiver<bool>) -> Result<Arc<Self>, TlsError> {
+    pub(crate) fn start(
+        settings: &TlsSettings,
+        protocol: Protocol,
+        stop: watch::Receiver<bool>,
+    ) -> Result<Arc<Self>, TlsError> {
         let files = Files::read(settings)?;
         let allow = (settings.allow.iter())
             .map(|name| {
@@ -89,10 +111,10 @@ impl ServerTls {
             })
             .collect::<Result<_, _>>()?;
         let tls = Arc::new(Self {
-            config: ArcSwap::from_pointee(server_config(settings, &files)?),
+            config: ArcSwap::from_pointee(server_config(settings, protocol, &files)?),
             allow,
         });
-        tokio::spawn(reload(Arc::clone(&tls), settings.clone(), files, stop));
+        tokio::spawn(reload(Arc::clone(&tls), settings.clone(), protocol, files, stop));
         Ok(tls)
     }
 
@@ -133,14 +155,20 @@ impl ServerTls {
 
 /// Reads the files again each second; a changed set that holds still is taken, a bad one
 /// logged and the running one kept.
-async fn reload(tls: Arc<ServerTls>, settings: TlsSettings, running: Files, mut stop: watch::Receiver<bool>) {
+async fn reload(
+    tls: Arc<ServerTls>,
+    settings: TlsSettings,
+    protocol: Protocol,
+    running: Files,
+    mut stop: watch::Receiver<bool>,
+) {
     let mut watch = Watch::new(running, || Files::read(&settings));
     loop {
         let changed = tokio::select! {
             changed = watch.next() => changed,
             () = stopped(&mut stop) => return,
         };
-        let applied = changed.and_then(|files| server_config(&settings, &files));
+        let applied = changed.and_then(|files| server_config(&settings, protocol, &files));
         match applied {
             Ok(config) => {
                 tls.config.store(Arc::new(config));
@@ -157,7 +185,11 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 }
 
 /// The rustls config of `files` (cert, key, client CA if any, in that order).
-fn server_config(settings: &TlsSettings, files: &Files) -> Result<ServerConfig, TlsError> {
+fn server_config(
+    settings: &TlsSettings,
+    protocol: Protocol,
+    files: &Files,
+) -> Result<ServerConfig, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let pem = |path: &Path, what: &str| TlsError::Pem {
         path: path.to_path_buf(),
@@ -196,7 +228,7 @@ fn server_config(settings: &TlsSettings, files: &Files) -> Result<ServerConfig, 
     let mut config = builder
         .with_single_cert(chain, key)
         .map_err(|e| TlsError::Rustls(format!("{}: {e}", settings.key.display())))?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.alpn_protocols = vec![protocol.alpn().to_vec()];
     Ok(config)
 }
 
@@ -263,5 +295,82 @@ impl axum::serve::Listener for TlsListener {
 
     fn local_addr(&self) -> std::io::Result<Self::Addr> {
         Ok(self.local)
+    }
+}
+
+impl TlsListener {
+    /// The connections as tonic serves them (the RLS port).
+    pub(crate) fn into_incoming(self) -> TlsIncoming {
+        TlsIncoming(self.handshaken)
+    }
+}
+
+/// The handshaken connections of a [`TlsListener`], as a stream.
+pub(crate) struct TlsIncoming(mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>);
+
+impl futures_util::Stream for TlsIncoming {
+    type Item = Result<TlsIo, std::io::Error>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.0
+            .poll_recv(cx)
+            .map(|accepted| accepted.map(|(stream, _)| Ok(TlsIo(stream))))
+    }
+}
+
+/// A TLS connection as tonic takes one (it asks what is known of the peer: nothing more).
+pub(crate) struct TlsIo(TlsStream<TcpStream>);
+
+impl tonic::transport::server::Connected for TlsIo {
+    type ConnectInfo = ();
+    fn connect_info(&self) -> Self::ConnectInfo {}
+}
+
+impl tokio::io::AsyncRead for TlsIo {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for TlsIo {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
     }
 }

@@ -251,3 +251,80 @@ fn a_rotated_certificate_is_taken_under_load_without_a_failed_request_and_a_bad_
         "requests failed during the rotation"
     );
 }
+
+#[test]
+fn the_rls_port_speaks_grpc_over_tls() {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    use tonic::transport::{Certificate, Channel, ClientTlsConfig};
+
+    let dir = TempDir::new();
+    let ca = Ca::new();
+    let (cert, key) = ca.issue(&["localhost"], ExtendedKeyUsagePurpose::ServerAuth);
+    dir.write("cert.pem", &cert);
+    dir.write("key.pem", &key);
+    dir.write(
+        "edge.yaml",
+        "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {quota: 1/h}\n",
+    );
+    let file = dir.write(
+        "sluice.yaml",
+        "rules: edge.yaml\nrls: {listen: 127.0.0.1:0, tls: {cert: cert.pem, key: key.pem}}\n",
+    );
+    let server = Server::start(&["--config", file.to_str().unwrap()]);
+    let rls = server.rls.unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let request = RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "user".into(),
+                value: "u".into(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    };
+    let codes = runtime.block_on(async {
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(ca.pem()))
+            .domain_name("localhost");
+        let channel = Channel::from_shared(format!("https://{rls}"))
+            .unwrap()
+            .tls_config(tls)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = RateLimitServiceClient::new(channel);
+        let mut codes = Vec::new();
+        for _ in 0..2 {
+            let answer = client
+                .should_rate_limit(request.clone())
+                .await
+                .unwrap()
+                .into_inner();
+            codes.push(answer.overall_code);
+        }
+        codes
+    });
+    assert_eq!(codes, [1, 2], "OK, then OVER_LIMIT");
+    // A plaintext gRPC client gets no answer.
+    let plaintext: Result<(), String> = runtime.block_on(async {
+        let channel = (Channel::from_shared(format!("http://{rls}"))
+            .unwrap()
+            .connect()
+            .await)
+            .map_err(|e| e.to_string())?;
+        let answer = RateLimitServiceClient::new(channel)
+            .should_rate_limit(request.clone())
+            .await;
+        answer.map(|_| ()).map_err(|e| e.to_string())
+    });
+    assert!(plaintext.is_err(), "a plaintext client was answered");
+}

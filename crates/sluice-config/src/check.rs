@@ -431,6 +431,9 @@ fn service(
     let api_tls = (api.and_then(|a| a.tls.as_ref()))
         .map(|raw| tls("api.tls", raw, dir))
         .transpose()?;
+    let rls_tls = (rls.and_then(|r| r.tls.as_ref()))
+        .map(|raw| tls("rls.tls", raw, dir))
+        .transpose()?;
     let headers = match rls.and_then(|r| r.headers.as_deref()) {
         Some(text) => text.parse().map_err(|e| error("rls.headers", e))?,
         None => FieldSet::default(),
@@ -482,6 +485,7 @@ fn service(
         headers,
         answers,
         api_tls,
+        rls_tls,
     }))
 }
 

@@ -63,6 +63,7 @@ pub const ENV_KEYS: &[&str] = &[
     "rls.shadow",
     "rls.quota_mode",
     "rls.dynamic_metadata",
+    "rls.tls",
     "api.listen",
     "api.tls",
     "counting",

@@ -316,6 +316,8 @@ pub struct ServiceSettings {
     pub api: Option<SocketAddr>,
     /// TLS on the check API (`api.tls`).
     pub api_tls: Option<TlsSettings>,
+    /// TLS on the RLS port (`rls.tls`).
+    pub rls_tls: Option<TlsSettings>,
     /// How one request's descriptors are counted.
     pub counting: Counting,
     /// The rate-limit header fields answers carry (`rls.headers`).

@@ -174,6 +174,9 @@ pub(super) struct RawRls {
     /// Answers carry dynamic metadata (envoy's `RESPONSE_DYNAMIC_METADATA`).
     #[serde(default)]
     pub dynamic_metadata: bool,
+    /// TLS on the RLS port.
+    #[serde(default)]
+    pub tls: Option<RawTls>,
 }
 
 /// A section that says where to listen, and how to speak TLS there.

@@ -76,6 +76,7 @@ fn each_variable_sets_its_key() {
         ("tls", tls.as_str(), &[]),
         ("admin.tls", tls.as_str(), &admin),
         ("api.tls", tls.as_str(), &api),
+        ("rls.tls", tls.as_str(), &url),
         ("idle_timeout", "7s", &[]),
         ("drain_delay", "1s", &[]),
         ("shutdown_timeout", "3s", &[]),

@@ -67,6 +67,29 @@ impl RateLimitService {
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), tonic::transport::Error> {
+        let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        self.serve_incoming(incoming, shutdown).await
+    }
+
+    /// [`serve`](Self::serve), on the connections `incoming` gives (TLS streams, say).
+    ///
+    /// # Errors
+    /// The connections failed.
+    pub async fn serve_incoming<I, IO, IE>(
+        self,
+        incoming: I,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), tonic::transport::Error>
+    where
+        I: futures_util::Stream<Item = Result<IO, IE>> + Send,
+        IO: tokio::io::AsyncRead
+            + tokio::io::AsyncWrite
+            + tonic::transport::server::Connected
+            + Unpin
+            + Send
+            + 'static,
+        IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
         let (reporter, health) = tonic_health::server::health_reporter();
         reporter.set_serving::<Self>().await;
         if let Some(mut ready) = self.ready.clone() {
@@ -90,7 +113,6 @@ impl RateLimitService {
                 }
             });
         }
-        let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         tonic::transport::Server::builder()
             .max_concurrent_streams(MAX_STREAMS)
             .add_service(health)
