@@ -28,6 +28,18 @@ pub struct RulesArgs {
     /// everyone on this host may read and write.
     #[arg(long, value_name = "FILE")]
     pub tokens: Option<PathBuf>,
+    /// Serve HTTPS with this certificate chain (PEM, leaf first; re-read when it changes).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Require client certificates issued by this CA (PEM): mTLS.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// With --tls-client-ca: a DNS name a client certificate may have (repeat for more).
+    #[arg(long, value_name = "NAME", requires = "tls_client_ca")]
+    pub tls_allow: Vec<String>,
     /// What to do instead of serving.
     #[command(subcommand)]
     pub action: Option<RulesAction>,
@@ -137,16 +149,45 @@ fn serve<S: RuleStore + Send + Sync + 'static>(store: S, args: &RulesArgs) -> Re
             .await
             .map_err(|e| format!("--listen {}: {e}", args.listen))?;
         let bound = listener.local_addr().map_err(|e| e.to_string())?;
-        println!("rules listening on http://{bound}/");
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let tls = match (&args.tls_cert, &args.tls_key) {
+            (Some(cert), Some(key)) => {
+                let settings = crate::config::TlsSettings {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    client_ca: args.tls_client_ca.clone(),
+                    allow: args.tls_allow.clone(),
+                };
+                let tls =
+                    crate::tls::ServerTls::start(&settings, crate::tls::Protocol::Http1, stopping.clone())
+                        .map_err(|e| format!("--tls-cert: {e}"))?;
+                Some(tls)
+            }
+            _ => None,
+        };
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        println!("rules listening on {scheme}://{bound}/");
         let db = if args.db.contains("://") {
             "postgres"
         } else {
             args.db.as_str()
         };
         tracing::info!(db, tokens = !tokens.is_empty(), "rules service");
-        RulesApi::new(Arc::new(store), tokens)
-            .serve(listener, shutdown)
-            .await
-            .map_err(|e| e.to_string())
+        let api = RulesApi::new(Arc::new(store), tokens);
+        let shutdown = async move {
+            shutdown.await;
+            stop.send_replace(true);
+        };
+        let served = match tls {
+            None => api.serve(listener, shutdown).await,
+            Some(tls) => {
+                let listener =
+                    crate::tls::TlsListener::new(listener, tls, stopping).map_err(|e| e.to_string())?;
+                axum::serve(listener, api.router())
+                    .with_graceful_shutdown(shutdown)
+                    .await
+            }
+        };
+        served.map_err(|e| e.to_string())
     })
 }

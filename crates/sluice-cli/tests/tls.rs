@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use common::{Server, TempDir, wait_until};
+use common::{RulesService, Server, TempDir, wait_until};
 use rcgen::{BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, KeyPair, SanType};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -327,4 +327,48 @@ fn the_rls_port_speaks_grpc_over_tls() {
         answer.map(|_| ()).map_err(|e| e.to_string())
     });
     assert!(plaintext.is_err(), "a plaintext client was answered");
+}
+
+#[test]
+fn the_rules_service_serves_https_and_under_mtls_asks_for_a_client_certificate() {
+    let dir = TempDir::new();
+    let ca = Ca::new();
+    let (cert, key) = ca.issue(&["localhost"], ExtendedKeyUsagePurpose::ServerAuth);
+    dir.write("cert.pem", &cert);
+    dir.write("key.pem", &key);
+    dir.write("ca.pem", &ca.pem());
+    let rules = RulesService::start(
+        &dir,
+        &[
+            "--db",
+            "rules.db",
+            "--tls-cert",
+            "cert.pem",
+            "--tls-key",
+            "key.pem",
+            "--tls-client-ca",
+            "ca.pem",
+            "--tls-allow",
+            "host-1.example",
+        ],
+    );
+    let host = ca.issue(&["host-1.example"], ExtendedKeyUsagePurpose::ClientAuth);
+    let (status, _) = request(
+        rules.addr,
+        &client_config(&ca, Some(&host)),
+        &get("/v1/rules", "x"),
+    )
+    .unwrap();
+    assert_eq!(status, 200);
+    let other = ca.issue(&["host-2.example"], ExtendedKeyUsagePurpose::ClientAuth);
+    assert!(
+        request(
+            rules.addr,
+            &client_config(&ca, Some(&other)),
+            &get("/v1/rules", "x")
+        )
+        .is_err()
+    );
+    assert!(request(rules.addr, &client_config(&ca, None), &get("/v1/rules", "x")).is_err());
+    assert!(!plaintext_answered(rules.addr));
 }

@@ -211,6 +211,7 @@ impl RulesService {
         let addr = line
             .trim_end()
             .strip_prefix("rules listening on http://")
+            .or_else(|| line.trim_end().strip_prefix("rules listening on https://"))
             .and_then(|rest| rest.strip_suffix('/'))
             .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
             .parse()
