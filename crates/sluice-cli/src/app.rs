@@ -161,7 +161,7 @@ impl App {
     /// URL came from, for errors.
     pub async fn new(settings: &Settings, url_field: &'static str) -> Result<Self, AppError> {
         let rules = accounts_rules(settings)?;
-        let engine_settings = engine_settings(&settings.limiter)?;
+        let engine_settings = engine_settings(&settings.limiter, settings.client_tls.as_ref())?;
         let engine = match &settings.limiter.redis {
             None => Engine::new(rules, engine_settings)?,
             Some(redis) => {
@@ -239,7 +239,10 @@ impl App {
         let reloaded = match (&old.redis, &new.redis) {
             _ if old.algorithm != new.algorithm => afresh("another algorithm"),
             (None, None) => {
-                let engine = Engine::new(accounts_rules(settings)?, engine_settings(new)?)?;
+                let engine = Engine::new(
+                    accounts_rules(settings)?,
+                    engine_settings(new, settings.client_tls.as_ref())?,
+                )?;
                 let app = self.next(settings, Arc::new(engine))?;
                 // Last, once nothing can fail: the keys leave the running engine.
                 let reloaded = match self.engine.migrate_into(&app.engine) {
@@ -317,13 +320,17 @@ fn accounts_rules(settings: &Settings) -> Result<RuleSet, sluice_descriptors::Ru
 /// The engine's settings from the limiter's: the quota of a key not yet fetched is the
 /// failsafe one (and the pool), for the simulated fetch latency or while the quota service
 /// of `accounts_url` answers.
-fn engine_settings(limiter: &LimiterSettings) -> Result<EngineSettings, sluice_rules_client::UrlError> {
+fn engine_settings(
+    limiter: &LimiterSettings,
+    client_tls: Option<&sluice_rules_client::ClientTls>,
+) -> Result<EngineSettings, sluice_rules_client::UrlError> {
     let by_value = match &limiter.accounts_url {
         Some(url) => Some(ValueQuotas {
             domain: ACCOUNTS_DOMAIN.into(),
-            source: Arc::new(AccountsService(sluice_rules_client::HttpQuotas::new(
+            source: Arc::new(AccountsService(sluice_rules_client::HttpQuotas::with_tls(
                 url,
                 limiter.fetch_timeout,
+                client_tls.cloned(),
             )?)),
         }),
         None => None,

@@ -188,7 +188,13 @@ pub async fn start(
             tokio::spawn(watch_files(path.clone(), *options, engine, state, stop));
         }
         RulesFrom::Service(remote) => {
-            tokio::spawn(poll_service(remote.clone(), held, engine, state, stop));
+            tokio::spawn(poll_service(
+                RulesService::clone(remote),
+                held,
+                engine,
+                state,
+                stop,
+            ));
         }
     }
     Ok(Some(running))

@@ -204,7 +204,7 @@ fn validate_checks_the_rules_service_settings() {
     let dir = TempDir::new();
     for (config, field) in [
         (
-            "rules: {url: \"https://rules:8083\"}\napi: {listen: 127.0.0.1:0}\n",
+            "rules: {url: \"ftp://rules:8083\"}\napi: {listen: 127.0.0.1:0}\n",
             "rules.url",
         ),
         (

@@ -372,3 +372,73 @@ fn the_rules_service_serves_https_and_under_mtls_asks_for_a_client_certificate()
     assert!(request(rules.addr, &client_config(&ca, None), &get("/v1/rules", "x")).is_err());
     assert!(!plaintext_answered(rules.addr));
 }
+
+#[test]
+fn a_host_polls_a_rules_service_over_mtls() {
+    let dir = TempDir::new();
+    let ca = Ca::new();
+    let (cert, key) = ca.issue(&["localhost"], ExtendedKeyUsagePurpose::ServerAuth);
+    dir.write("cert.pem", &cert);
+    dir.write("key.pem", &key);
+    dir.write("ca.pem", &ca.pem());
+    let rules = RulesService::start(
+        &dir,
+        &[
+            "--db",
+            "rules.db",
+            "--tls-cert",
+            "cert.pem",
+            "--tls-key",
+            "key.pem",
+            "--tls-client-ca",
+            "ca.pem",
+            "--tls-allow",
+            "host-1.example",
+        ],
+    );
+    let host = ca.issue(&["host-1.example"], ExtendedKeyUsagePurpose::ClientAuth);
+    dir.write("host.pem", &host.0);
+    dir.write("host.key", &host.1);
+    let rules_file = "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {quota: 1/h}\n";
+    let put = format!(
+        "PUT /v1/domains/edge HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{rules_file}",
+        rules_file.len()
+    );
+    let (status, _) = request(rules.addr, &client_config(&ca, Some(&host)), &put).unwrap();
+    assert_eq!(status, 201);
+    // The host trusts the CA and presents its certificate; it starts from what it polled.
+    let config = format!(
+        "client_tls: {{ca: ca.pem, cert: host.pem, key: host.key}}\nrules: {{url: 'https://127.0.0.1:{}', poll: 1s}}\napi: {{listen: 127.0.0.1:0}}\n",
+        rules.addr.port()
+    );
+    let file = dir.write("sluice.yaml", &config);
+    let server = Server::start(&["--config", file.to_str().unwrap()]);
+    let mut api = common::Client::connect(server.api.unwrap());
+    let body = r#"{"domain":"edge","descriptors":[{"entries":[{"key":"user","value":"u"}]}]}"#;
+    let first = api.post_json("/v1/check", body);
+    assert!(first.body.contains("\"OK\""), "{first:?}");
+    let second = api.post_json("/v1/check", body);
+    assert!(
+        second.body.contains("OVER_LIMIT"),
+        "the polled 1/h rule applies: {second:?}"
+    );
+    // Without the client certificate the host cannot start from the service (no snapshot).
+    let refused = format!(
+        "client_tls: {{ca: ca.pem}}\nrules: {{url: 'https://127.0.0.1:{}', snapshot: none.json}}\napi: {{listen: 127.0.0.1:0}}\n",
+        rules.addr.port()
+    );
+    let file = dir.write("refused.yaml", &refused);
+    let out = common::sluice()
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+            file.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("rules.url"), "{stderr}");
+}

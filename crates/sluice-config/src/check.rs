@@ -16,6 +16,7 @@ use super::{
     ExcessSettings, FieldSet, LimiterSettings, LoadedRules, RulesFrom, RulesService, ServiceSettings,
     Settings, duration, error,
 };
+use sluice_rules_client::ClientTls;
 
 /// The most keys a config may ask the limiter to hold (about 6 GB of entries): a bound, so a
 /// typo cannot make the server try to allocate without limit at start.
@@ -171,7 +172,10 @@ impl RawConfig {
             .transpose()?;
         let max_header_bytes = within("max_header_bytes", self.max_header_bytes, HEADER_BYTES)?;
         let max_headers = within("max_headers", self.max_headers, HEADERS)?;
-        let limiter = self.limiter()?;
+        let client_tls = (self.client_tls.as_ref())
+            .map(|raw| client_tls(raw, dir))
+            .transpose()?;
+        let limiter = self.limiter(client_tls.as_ref())?;
         let ipv6_prefix = match self.ipv6_prefix {
             None => sluice_http::DEFAULT_IPV6_PREFIX,
             Some(bits) => u8::try_from(bits).map_err(|_| {
@@ -217,6 +221,7 @@ impl RawConfig {
             self.api.as_ref(),
             self.counting.as_deref(),
             self.merge_domains,
+            client_tls.as_ref(),
             dir,
         )?;
         if let Some(ServiceSettings {
@@ -259,12 +264,13 @@ impl RawConfig {
             admin,
             admin_tls,
             tls,
+            client_tls,
         })
     }
 
     /// The limiter's section: algorithm, Redis, failsafe and its pool, the unknown-key quota,
     /// capacity, fetches and refresh, the quota service.
-    fn limiter(&mut self) -> Result<LimiterSettings, ConfigError> {
+    fn limiter(&mut self, client_tls: Option<&ClientTls>) -> Result<LimiterSettings, ConfigError> {
         let algorithm: AlgorithmKind = self.algorithm.parse().map_err(|e| error("algorithm", e))?;
         let redis = self.redis.take().map(|r| r.check(algorithm)).transpose()?;
         let on_redis = redis.is_some();
@@ -310,7 +316,8 @@ impl RawConfig {
             ));
         }
         if let Some(url) = &self.accounts_url {
-            sluice_rules_client::HttpQuotas::new(url, fetch_timeout).map_err(|e| error("accounts_url", e))?;
+            sluice_rules_client::HttpQuotas::with_tls(url, fetch_timeout, client_tls.cloned())
+                .map_err(|e| error("accounts_url", e))?;
         }
         Ok(LimiterSettings {
             algorithm,
@@ -418,6 +425,7 @@ fn service(
     api: Option<&RawListener>,
     counting: Option<&str>,
     merge_domains: bool,
+    client_tls: Option<&ClientTls>,
     dir: Option<&std::path::Path>,
 ) -> Result<Option<ServiceSettings>, ConfigError> {
     let address = |field: &str, text: &str| {
@@ -470,7 +478,7 @@ fn service(
                 "merges rules files; a rules service holds one document per domain",
             ));
         }
-        RawRules::Service(service) => RulesFrom::Service(rules_service(service, dir)?),
+        RawRules::Service(service) => RulesFrom::Service(Box::new(rules_service(service, client_tls, dir)?)),
     };
     let answers = rls.map_or(Answers::default(), |rls| Answers {
         shadow: rls.shadow,
@@ -487,6 +495,36 @@ fn service(
         api_tls,
         rls_tls,
     }))
+}
+
+/// `client_tls: {ca, cert, key}` read into the TLS client of every `https://` service.
+fn client_tls(
+    raw: &super::raw::RawClientTls,
+    dir: Option<&std::path::Path>,
+) -> Result<ClientTls, ConfigError> {
+    let read = |name: &str, written: &str| {
+        let path = in_dir(dir, written);
+        std::fs::read(&path).map_err(|e| {
+            error(
+                format!("client_tls.{name}"),
+                format!("cannot read {}: {e}", path.display()),
+            )
+        })
+    };
+    let ca = raw.ca.as_deref().map(|written| read("ca", written)).transpose()?;
+    let identity = match (&raw.cert, &raw.key) {
+        (Some(cert), Some(key)) => Some((read("cert", cert)?, read("key", key)?)),
+        (None, None) => None,
+        (Some(_), None) => return Err(error("client_tls.key", "is missing beside client_tls.cert")),
+        (None, Some(_)) => return Err(error("client_tls.cert", "is missing beside client_tls.key")),
+    };
+    let identity = identity
+        .as_ref()
+        .map(|(cert, key)| (cert.as_slice(), key.as_slice()));
+    ClientTls::new(ca.as_deref(), identity).map_err(|e| match e {
+        sluice_rules_client::ClientTlsError::Ca(_) => error("client_tls.ca", e),
+        _ => error("client_tls.cert", e),
+    })
 }
 
 /// `field: {cert, key, client_ca, allow}` checked: each file readable (relative paths from the
@@ -542,7 +580,11 @@ fn in_dir(dir: Option<&std::path::Path>, written: &str) -> std::path::PathBuf {
 
 /// `rules: {url, ...}`: the client of a rules service, checked (its rules are fetched when
 /// the server starts).
-fn rules_service(raw: &RawRulesService, dir: Option<&std::path::Path>) -> Result<RulesService, ConfigError> {
+fn rules_service(
+    raw: &RawRulesService,
+    client_tls: Option<&ClientTls>,
+    dir: Option<&std::path::Path>,
+) -> Result<RulesService, ConfigError> {
     let poll = match &raw.poll {
         Some(text) => duration("rules.poll", text)?,
         None => DEFAULT_RULES_POLL,
@@ -565,6 +607,10 @@ fn rules_service(raw: &RawRulesService, dir: Option<&std::path::Path>) -> Result
             _ => error("rules.url", e),
         })?
         .timeout(timeout);
+    let source = match client_tls {
+        Some(tls) => source.tls(tls.clone()),
+        None => source,
+    };
     let snapshot = in_dir(dir, raw.snapshot.as_deref().unwrap_or(DEFAULT_RULES_SNAPSHOT));
     Ok(RulesService {
         url: raw.url.clone(),

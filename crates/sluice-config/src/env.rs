@@ -14,6 +14,7 @@ use crate::{ConfigError, error};
 pub const ENV_KEYS: &[&str] = &[
     "listen",
     "tls",
+    "client_tls",
     "idle_timeout",
     "drain_delay",
     "shutdown_timeout",

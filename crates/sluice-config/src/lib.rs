@@ -251,6 +251,10 @@ pub struct Settings {
     pub admin_tls: Option<TlsSettings>,
     /// TLS on `listen` (`tls`).
     pub tls: Option<TlsSettings>,
+    /// How sluice's own clients (the rules service's `rules.url`, `accounts_url`) speak TLS to
+    /// an `https://` service (`client_tls`); Mozilla's roots and no client certificate if
+    /// left out.
+    pub client_tls: Option<sluice_rules_client::ClientTls>,
 }
 
 /// How requests over their quota are treated: refused at once, or queued for capacity.
@@ -392,7 +396,7 @@ pub enum RulesFrom {
         loaded: std::sync::Arc<LoadedRules>,
     },
     /// A rules service, polled.
-    Service(RulesService),
+    Service(Box<RulesService>),
 }
 
 /// `rules: {url, poll, timeout, token, snapshot}`: a rules service the host polls.

@@ -12,6 +12,8 @@ pub(super) struct RawConfig {
     pub listen: String,
     /// TLS on `listen`.
     pub tls: Option<RawTls>,
+    /// How sluice's own clients speak TLS to `https://` services.
+    pub client_tls: Option<RawClientTls>,
     pub idle_timeout: String,
     /// After SIGTERM, how long the listeners keep accepting while readiness says stopping.
     pub drain_delay: String,
@@ -74,6 +76,7 @@ impl Default for RawConfig {
         Self {
             listen: "127.0.0.1:8080".into(),
             tls: None,
+            client_tls: None,
             idle_timeout: "30s".into(),
             drain_delay: "5s".into(),
             shutdown_timeout: "10s".into(),
@@ -186,6 +189,19 @@ pub(super) struct RawListener {
     pub listen: String,
     #[serde(default)]
     pub tls: Option<RawTls>,
+}
+
+/// `client_tls:`: the CA sluice's clients trust (Mozilla's roots if left out) and the client
+/// certificate they present, if any.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawClientTls {
+    #[serde(default)]
+    pub ca: Option<String>,
+    #[serde(default)]
+    pub cert: Option<String>,
+    #[serde(default)]
+    pub key: Option<String>,
 }
 
 /// `tls:` of a listener: its certificate chain and key (PEM files), and the clients it

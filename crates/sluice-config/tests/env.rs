@@ -74,6 +74,7 @@ fn each_variable_sets_its_key() {
     let cases: Vec<(&str, &str, Beside)> = vec![
         ("listen", "127.0.0.1:9999", &[]),
         ("tls", tls.as_str(), &[]),
+        ("client_tls", "{}", &[]),
         ("admin.tls", tls.as_str(), &admin),
         ("api.tls", tls.as_str(), &api),
         ("rls.tls", tls.as_str(), &url),

@@ -1,5 +1,6 @@
 //! The one HTTP request a host makes of a service it reads its limits from (the rules
-//! service, a quota service): a GET on a new HTTP/1.1 connection, its answer bounded.
+//! service, a quota service): a GET on a new HTTP/1.1 connection, over TLS for `https://`,
+//! its answer bounded.
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri, header};
@@ -8,11 +9,23 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
-use crate::{PollError, UrlError};
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
-/// Where an `http://` URL points: the `host:port` to connect to and name in `Host`, and the
-/// path (without a trailing `/`).
-pub(crate) fn parse_http_url(url: &str) -> Result<(String, String), UrlError> {
+use rustls::pki_types::ServerName;
+
+use crate::{ClientTls, PollError, UrlError};
+
+/// Where a URL points: the `host:port` to connect to and name in `Host`, and for `https://`
+/// the name the server's certificate must be valid for.
+#[derive(Debug, Clone)]
+pub(crate) struct Target {
+    pub(crate) authority: String,
+    pub(crate) tls_name: Option<ServerName<'static>>,
+}
+
+/// Where an `http://` or `https://` URL points, and its path (without a trailing `/`).
+pub(crate) fn parse_url(url: &str) -> Result<(Target, String), UrlError> {
     let invalid = |reason: &str| UrlError::Invalid {
         url: url.to_owned(),
         reason: reason.to_owned(),
@@ -20,30 +33,108 @@ pub(crate) fn parse_http_url(url: &str) -> Result<(String, String), UrlError> {
     let uri: Uri = url
         .parse()
         .map_err(|e: http::uri::InvalidUri| invalid(&e.to_string()))?;
-    match uri.scheme_str() {
-        Some("http") => {}
+    let https = match uri.scheme_str() {
+        Some("http") => false,
+        Some("https") => true,
         Some(_) => return Err(UrlError::Scheme(url.to_owned())),
-        None => return Err(invalid("give the scheme: http://host:port")),
-    }
+        None => return Err(invalid("give the scheme: http://host:port or https://host")),
+    };
     let Some(host) = uri.host() else {
         return Err(invalid("no host"));
     };
     if uri.query().is_some() {
         return Err(invalid("a query has no place here"));
     }
-    let authority = format!("{host}:{}", uri.port_u16().unwrap_or(80));
-    Ok((authority, uri.path().trim_end_matches('/').to_owned()))
+    let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+    let tls_name = if https {
+        // An IPv6 literal comes bracketed; the certificate names the address itself.
+        let name = host.trim_start_matches('[').trim_end_matches(']');
+        Some(ServerName::try_from(name.to_owned()).map_err(|e| invalid(&format!("host {host}: {e}")))?)
+    } else {
+        None
+    };
+    let target = Target {
+        authority: format!("{host}:{port}"),
+        tls_name,
+    };
+    Ok((target, uri.path().trim_end_matches('/').to_owned()))
+}
+
+/// A connection to a service: plain, or TLS.
+pub(crate) enum Connection {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+/// A new connection to `target`, with its TLS handshake made (trusting `tls`) if it is https.
+pub(crate) async fn connect_to(target: &Target, tls: Option<&ClientTls>) -> Result<Connection, PollError> {
+    let stream = connect(&target.authority).await?;
+    let Some(name) = &target.tls_name else {
+        return Ok(Connection::Plain(stream));
+    };
+    let Some(tls) = tls else {
+        return Err(PollError::Http(format!(
+            "{}: https:// without a TLS client",
+            target.authority
+        )));
+    };
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::clone(&tls.0));
+    let stream = connector
+        .connect(name.clone(), stream)
+        .await
+        .map_err(|source| PollError::Connect {
+            address: target.authority.clone(),
+            source,
+        })?;
+    Ok(Connection::Tls(Box::new(stream)))
+}
+
+impl AsyncRead for Connection {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Connection::Plain(stream) => Pin::new(stream).poll_read(cx, buf),
+            Connection::Tls(stream) => Pin::new(stream.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Connection {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Connection::Plain(stream) => Pin::new(stream).poll_write(cx, buf),
+            Connection::Tls(stream) => Pin::new(stream.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Connection::Plain(stream) => Pin::new(stream).poll_flush(cx),
+            Connection::Tls(stream) => Pin::new(stream.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Connection::Plain(stream) => Pin::new(stream).poll_shutdown(cx),
+            Connection::Tls(stream) => Pin::new(stream.as_mut()).poll_shutdown(cx),
+        }
+    }
 }
 
 /// GETs `path` from `authority` with `headers`: the status and a body of at most
 /// `max_bytes`. The caller bounds the time.
 pub(crate) async fn get(
-    authority: &str,
+    target: &Target,
+    tls: Option<&ClientTls>,
     path: &str,
     headers: Vec<(HeaderName, HeaderValue)>,
     max_bytes: usize,
 ) -> Result<(StatusCode, Bytes), PollError> {
-    let (status, _, body) = send(Method::GET, authority, path, headers, Bytes::new(), max_bytes).await?;
+    let (status, _, body) = send(Method::GET, target, tls, path, headers, Bytes::new(), max_bytes).await?;
     Ok((status, body))
 }
 
@@ -51,18 +142,28 @@ pub(crate) async fn get(
 /// `max_bytes`. The caller bounds the time.
 pub(crate) async fn send(
     method: Method,
-    authority: &str,
+    target: &Target,
+    tls: Option<&ClientTls>,
     path: &str,
     headers: Vec<(HeaderName, HeaderValue)>,
     body: Bytes,
     max_bytes: usize,
 ) -> Result<(StatusCode, HeaderMap, Bytes), PollError> {
-    let stream = connect(authority).await?;
-    send_on(stream, method, authority, path, headers, body, max_bytes).await
+    let connection = connect_to(target, tls).await?;
+    send_on(
+        connection,
+        method,
+        &target.authority,
+        path,
+        headers,
+        body,
+        max_bytes,
+    )
+    .await
 }
 
-/// A new connection to `authority`.
-pub(crate) async fn connect(authority: &str) -> Result<TcpStream, PollError> {
+/// A new TCP connection to `authority`.
+async fn connect(authority: &str) -> Result<TcpStream, PollError> {
     let connect = |source| PollError::Connect {
         address: authority.to_owned(),
         source,

@@ -33,10 +33,12 @@
 mod client;
 mod quotas;
 mod retriever;
+mod tls;
 mod wire;
 
 pub use quotas::HttpQuotas;
 pub use retriever::{
     DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT, Fetched, PollError, RulesSource, Snapshot, SnapshotError, UrlError,
 };
+pub use tls::{ClientTls, ClientTlsError};
 pub use wire::{DomainBody, SnapshotBody};

@@ -37,7 +37,8 @@ pub struct HttpQuotas {
 
 #[derive(Debug)]
 struct Inner {
-    authority: String,
+    target: crate::client::Target,
+    tls: Option<crate::ClientTls>,
     /// The path before and after `{key}`.
     before: String,
     after: String,
@@ -60,7 +61,28 @@ impl HttpQuotas {
     /// assert!(e.to_string().contains("no {key} in the path"), "{e}");
     /// ```
     pub fn new(url: &str, timeout: Duration) -> Result<Self, UrlError> {
-        let (authority, path) = crate::client::parse_http_url(&url.replace("{key}", KEY_MARK))?;
+        Self::with_tls(url, timeout, None)
+    }
+
+    /// [`new`](Self::new), speaking TLS to an `https://` service with `tls` (Mozilla's roots
+    /// if `None`).
+    ///
+    /// # Errors
+    /// As [`new`](Self::new)'s.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let tls = sluice_rules_client::ClientTls::new(None, None)?;
+    /// let quotas = sluice_rules_client::HttpQuotas::with_tls("https://quotas.internal/v1/{key}", Duration::from_secs(1), Some(tls))?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn with_tls(url: &str, timeout: Duration, tls: Option<crate::ClientTls>) -> Result<Self, UrlError> {
+        let (target, path) = crate::client::parse_url(&url.replace("{key}", KEY_MARK))?;
+        let tls = match (tls, target.tls_name.is_some()) {
+            (Some(tls), _) => Some(tls),
+            (None, true) => Some(crate::ClientTls::new(None, None)?),
+            (None, false) => None,
+        };
         let Some((before, after)) = path.split_once(KEY_MARK) else {
             return Err(UrlError::Invalid {
                 url: url.to_owned(),
@@ -69,7 +91,8 @@ impl HttpQuotas {
         };
         Ok(Self {
             inner: Arc::new(Inner {
-                authority,
+                target,
+                tls,
                 before: before.to_owned(),
                 after: after.to_owned(),
                 timeout,
@@ -103,7 +126,13 @@ impl HttpQuotas {
                 header::ACCEPT,
                 header::HeaderValue::from_static("text/plain, application/json"),
             )];
-            let asked = crate::client::get(&inner.authority, &path, accept.into(), MAX_ANSWER);
+            let asked = crate::client::get(
+                &inner.target,
+                inner.tls.as_ref(),
+                &path,
+                accept.into(),
+                MAX_ANSWER,
+            );
             let (status, body) = match tokio::time::timeout(inner.timeout, asked).await {
                 Ok(answer) => answer.map_err(sluice::FetchError::new)?,
                 Err(_) => {

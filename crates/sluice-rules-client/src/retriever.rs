@@ -47,9 +47,12 @@ pub enum UrlError {
         /// Why.
         reason: String,
     },
-    /// Not `http://`.
-    #[error("{0:?}: only http:// is spoken (put a TLS proxy beside the host for https)")]
+    /// Not `http://` or `https://`.
+    #[error("{0:?}: only http:// and https:// are spoken")]
     Scheme(String),
+    /// `https://`, and the built-in roots could not be loaded.
+    #[error("{0}")]
+    Tls(#[from] crate::ClientTlsError),
     /// A token that cannot be sent in a header.
     #[error("the token holds characters a header cannot carry")]
     Token,
@@ -299,8 +302,10 @@ pub enum Fetched {
 /// ```
 #[derive(Debug, Clone)]
 pub struct RulesSource {
-    /// host:port, as sent in `Host` and connected to.
-    authority: String,
+    /// host:port, as sent in `Host` and connected to, and whether over TLS.
+    target: crate::client::Target,
+    /// How TLS is spoken to it (`https://`).
+    tls: Option<crate::ClientTls>,
     /// The URL's path, before the API's own.
     base: String,
     path: String,
@@ -324,7 +329,13 @@ impl RulesSource {
     /// # Ok::<(), sluice_rules_client::UrlError>(())
     /// ```
     pub fn new(url: &str, token: Option<&str>) -> Result<Self, UrlError> {
-        let (authority, base) = crate::client::parse_http_url(url)?;
+        let (target, base) = crate::client::parse_url(url)?;
+        // Mozilla's roots until told otherwise ([`RulesSource::tls`]).
+        let tls = target
+            .tls_name
+            .is_some()
+            .then(|| crate::ClientTls::new(None, None))
+            .transpose()?;
         let path = format!("{base}/v1/rules");
         let authorization = token
             .map(|token| header::HeaderValue::from_str(&format!("Bearer {token}")))
@@ -335,7 +346,8 @@ impl RulesSource {
                 value
             });
         Ok(Self {
-            authority,
+            target,
+            tls,
             base,
             path,
             authorization,
@@ -369,6 +381,19 @@ impl RulesSource {
         self
     }
 
+    /// How TLS is spoken to an `https://` service (the CA trusted, the client certificate).
+    ///
+    /// ```
+    /// let tls = sluice_rules_client::ClientTls::new(None, None)?;
+    /// let source = sluice_rules_client::RulesSource::new("https://rules.internal:8443", None)?.tls(tls);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn tls(mut self, tls: crate::ClientTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
     /// host:port polled.
     ///
     /// ```
@@ -377,7 +402,7 @@ impl RulesSource {
     /// # Ok::<(), sluice_rules_client::UrlError>(())
     /// ```
     pub fn authority(&self) -> &str {
-        &self.authority
+        &self.target.authority
     }
 
     /// Sends a request of someone else's to the rules API (`path` is after `/v1`, with its
@@ -407,7 +432,15 @@ impl RulesSource {
         body: Bytes,
     ) -> Result<(StatusCode, header::HeaderMap, Bytes), PollError> {
         let path = format!("{}/v1/{}", self.base, path.trim_start_matches('/'));
-        let sent = crate::client::send(method, &self.authority, &path, headers, body, self.max_bytes);
+        let sent = crate::client::send(
+            method,
+            &self.target,
+            self.tls.as_ref(),
+            &path,
+            headers,
+            body,
+            self.max_bytes,
+        );
         match tokio::time::timeout(self.timeout, sent).await {
             Ok(answer) => answer,
             Err(_) => Err(PollError::Timeout(self.timeout)),
@@ -457,8 +490,8 @@ impl RulesSource {
     }
 
     async fn exchange(&self, known: Option<u64>) -> Result<Fetched, PollError> {
-        let stream = crate::client::connect(&self.authority).await?;
-        self.exchange_on(stream, known).await
+        let connection = crate::client::connect_to(&self.target, self.tls.as_ref()).await?;
+        self.exchange_on(connection, known).await
     }
 
     async fn exchange_on<T>(&self, io: T, known: Option<u64>) -> Result<Fetched, PollError>
@@ -477,7 +510,7 @@ impl RulesSource {
         let (status, _, body) = crate::client::send_on(
             io,
             http::Method::GET,
-            &self.authority,
+            &self.target.authority,
             &self.path,
             headers,
             Bytes::new(),
