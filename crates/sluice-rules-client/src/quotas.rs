@@ -209,6 +209,7 @@ mod tests {
         assert!(HttpQuotas::new("http://q:9000/quota/{key}.json", Duration::from_secs(1)).is_ok());
         let e = HttpQuotas::new("http://q:9000/quota", Duration::from_secs(1)).unwrap_err();
         assert!(e.to_string().contains("{key}"), "{e}");
-        assert!(HttpQuotas::new("https://q/quota/{key}", Duration::from_secs(1)).is_err());
+        assert!(HttpQuotas::new("https://q/quota/{key}", Duration::from_secs(1)).is_ok());
+        assert!(HttpQuotas::new("ftp://q/quota/{key}", Duration::from_secs(1)).is_err());
     }
 }
