@@ -32,7 +32,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// ```
 /// use sluice_rules_client::{RulesSource, UrlError};
-/// let e = RulesSource::new("https://rules.internal", None).unwrap_err();
+/// let e = RulesSource::new("ftp://rules.internal", None).unwrap_err();
 /// assert!(matches!(e, UrlError::Scheme(_)), "{e}");
 /// let e = RulesSource::new("http://rules.internal", Some("line\nbreak")).unwrap_err();
 /// assert!(matches!(e, UrlError::Token), "{e}");
