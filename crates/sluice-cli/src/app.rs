@@ -374,6 +374,7 @@ pub(crate) async fn connect_redis(redis: &RedisSettings) -> Result<RedisStore, R
     let options = RedisOptions {
         timeout: redis.timeout,
         degrade_after: redis.degrade_after,
+        tls: redis.tls.clone(),
         ..RedisOptions::default()
     };
     match &redis.url {

@@ -26,6 +26,11 @@ impl Ca {
     fn new() -> Self {
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        // A name of its own: a leaf named as its issuer reads as self-signed to OpenSSL.
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "sluice test CA");
         let key = KeyPair::generate().unwrap();
         let cert = params.self_signed(&key).unwrap();
         Self { cert, key }
@@ -39,6 +44,10 @@ impl Ca {
             .subject_alt_names
             .push(SanType::IpAddress("127.0.0.1".parse().unwrap()));
         params.extended_key_usages = vec![usage];
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, names[0]);
         let key = KeyPair::generate().unwrap();
         let cert = params.signed_by(&key, &self.cert, &self.key).unwrap();
         (cert.pem(), key.serialize_pem())
@@ -441,4 +450,103 @@ fn a_host_polls_a_rules_service_over_mtls() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("rules.url"), "{stderr}");
+}
+
+/// A `redis-server` that speaks TLS only, on a free port, with `dir`'s `cert.pem`, `key.pem`
+/// and `ca.pem`; clients must present a certificate from the CA when `mtls`.
+struct TlsRedis {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl TlsRedis {
+    fn start(dir: &TempDir, mtls: bool) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let path = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
+        let child = std::process::Command::new("redis-server")
+            .args([
+                "--port",
+                "0",
+                "--tls-port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+            ])
+            .args([
+                "--tls-cert-file",
+                &path("cert.pem"),
+                "--tls-key-file",
+                &path("key.pem"),
+            ])
+            .args(["--tls-ca-cert-file", &path("ca.pem")])
+            .args(["--tls-auth-clients", if mtls { "yes" } else { "no" }])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server (scripts/ensure-redis.sh installs it)");
+        wait_until("redis-server to listen", || {
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        Self { child, port }
+    }
+}
+
+impl Drop for TlsRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn limits_are_shared_through_a_redis_that_speaks_tls_only() {
+    let dir = TempDir::new();
+    let ca = Ca::new();
+    let (cert, key) = ca.issue(&["localhost"], ExtendedKeyUsagePurpose::ServerAuth);
+    dir.write("cert.pem", &cert);
+    dir.write("key.pem", &key);
+    dir.write("ca.pem", &ca.pem());
+    let client = ca.issue(&["sluice.example"], ExtendedKeyUsagePurpose::ClientAuth);
+    dir.write("client.pem", &client.0);
+    dir.write("client.key", &client.1);
+    let redis = TlsRedis::start(&dir, true);
+    let config = format!(
+        "accounts: {{carol: 3/h}}\nredis: {{url: 'rediss://127.0.0.1:{}', policy: fail_closed, timeout: 2s, tls: {{ca: ca.pem, cert: client.pem, key: client.key}}}}\n",
+        redis.port
+    );
+    let file = dir.write("sluice.yaml", &config);
+    // Two servers on the one Redis: three requests in all pass.
+    let servers = [
+        Server::start(&["--config", file.to_str().unwrap()]),
+        Server::start(&["--config", file.to_str().unwrap()]),
+    ];
+    let mut admitted = 0;
+    for i in 0..6 {
+        let status = servers[i % 2].client().as_account(Some("carol")).status;
+        assert!(matches!(status, 200 | 429), "{status}");
+        admitted += usize::from(status == 200);
+    }
+    assert_eq!(admitted, 3);
+    // Without the client certificate the Redis refuses the connection, and the start fails.
+    let refused = format!(
+        "accounts: {{carol: 3/h}}\nredis: {{url: 'rediss://127.0.0.1:{}', tls: {{ca: ca.pem}}}}\n",
+        redis.port
+    );
+    let file = dir.write("refused.yaml", &refused);
+    let out = common::sluice()
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+            file.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "started without a client certificate");
 }

@@ -175,7 +175,7 @@ impl RawConfig {
         let client_tls = (self.client_tls.as_ref())
             .map(|raw| client_tls(raw, dir))
             .transpose()?;
-        let limiter = self.limiter(client_tls.as_ref())?;
+        let limiter = self.limiter(client_tls.as_ref(), dir)?;
         let ipv6_prefix = match self.ipv6_prefix {
             None => sluice_http::DEFAULT_IPV6_PREFIX,
             Some(bits) => u8::try_from(bits).map_err(|_| {
@@ -270,9 +270,13 @@ impl RawConfig {
 
     /// The limiter's section: algorithm, Redis, failsafe and its pool, the unknown-key quota,
     /// capacity, fetches and refresh, the quota service.
-    fn limiter(&mut self, client_tls: Option<&ClientTls>) -> Result<LimiterSettings, ConfigError> {
+    fn limiter(
+        &mut self,
+        client_tls: Option<&ClientTls>,
+        dir: Option<&std::path::Path>,
+    ) -> Result<LimiterSettings, ConfigError> {
         let algorithm: AlgorithmKind = self.algorithm.parse().map_err(|e| error("algorithm", e))?;
-        let redis = self.redis.take().map(|r| r.check(algorithm)).transpose()?;
+        let redis = self.redis.take().map(|r| r.check(algorithm, dir)).transpose()?;
         let on_redis = redis.is_some();
         let failsafe = held(
             algorithm,
@@ -497,16 +501,18 @@ fn service(
     }))
 }
 
-/// `client_tls: {ca, cert, key}` read into the TLS client of every `https://` service.
-fn client_tls(
+/// The PEM files of a `{ca, cert, key}` section (`field`), read: the CA's bytes, and the
+/// client certificate's and key's (both or neither).
+pub(super) fn tls_files(
+    field: &str,
     raw: &super::raw::RawClientTls,
     dir: Option<&std::path::Path>,
-) -> Result<ClientTls, ConfigError> {
+) -> Result<sluice_redis::RedisTls, ConfigError> {
     let read = |name: &str, written: &str| {
         let path = in_dir(dir, written);
         std::fs::read(&path).map_err(|e| {
             error(
-                format!("client_tls.{name}"),
+                format!("{field}.{name}"),
                 format!("cannot read {}: {e}", path.display()),
             )
         })
@@ -515,9 +521,28 @@ fn client_tls(
     let identity = match (&raw.cert, &raw.key) {
         (Some(cert), Some(key)) => Some((read("cert", cert)?, read("key", key)?)),
         (None, None) => None,
-        (Some(_), None) => return Err(error("client_tls.key", "is missing beside client_tls.cert")),
-        (None, Some(_)) => return Err(error("client_tls.cert", "is missing beside client_tls.key")),
+        (Some(_), None) => {
+            return Err(error(
+                format!("{field}.key"),
+                format!("is missing beside {field}.cert"),
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(error(
+                format!("{field}.cert"),
+                format!("is missing beside {field}.key"),
+            ));
+        }
     };
+    Ok(sluice_redis::RedisTls { ca, client: identity })
+}
+
+/// `client_tls: {ca, cert, key}` read into the TLS client of every `https://` service.
+fn client_tls(
+    raw: &super::raw::RawClientTls,
+    dir: Option<&std::path::Path>,
+) -> Result<ClientTls, ConfigError> {
+    let sluice_redis::RedisTls { ca, client: identity } = tls_files("client_tls", raw, dir)?;
     let identity = identity
         .as_ref()
         .map(|(cert, key)| (cert.as_slice(), key.as_slice()));

@@ -53,6 +53,7 @@ pub const ENV_KEYS: &[&str] = &[
     "redis.timeout",
     "redis.degrade_after",
     "redis.prefix",
+    "redis.tls",
     "rules",
     "rules.url",
     "rules.poll",

@@ -129,6 +129,8 @@ pub(super) struct RawRedis {
     pub timeout: Option<String>,
     pub degrade_after: Option<u32>,
     pub prefix: Option<String>,
+    /// For `rediss://`: the CA, and a client certificate and key (PEM files).
+    pub tls: Option<RawClientTls>,
 }
 
 #[derive(Debug, Deserialize)]

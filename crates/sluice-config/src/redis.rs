@@ -35,6 +35,8 @@ pub struct RedisSettings {
     pub degrade_after: u32,
     /// The prefix of every Redis key.
     pub prefix: String,
+    /// For `rediss://`: the CA and the client certificate (`redis.tls`), read.
+    pub tls: Option<sluice_redis::RedisTls>,
 }
 
 impl Default for RedisSettings {
@@ -47,6 +49,7 @@ impl Default for RedisSettings {
             timeout: sluice_redis::DEFAULT_TIMEOUT,
             degrade_after: sluice_redis::DEFAULT_DEGRADE_AFTER,
             prefix: "sluice".into(),
+            tls: None,
         }
     }
 }
@@ -90,13 +93,15 @@ pub fn with_redis_url(mut settings: Settings, url: &str) -> Result<Settings, Con
 }
 
 fn check_url(field: &str, url: &str) -> Result<(), ConfigError> {
-    let schemes = ["redis://", "unix://", "redis+unix://"];
+    let schemes = ["redis://", "rediss://", "unix://", "redis+unix://"];
     if schemes.iter().any(|scheme| url.starts_with(scheme)) {
         Ok(())
     } else {
         Err(error(
             field,
-            format!("invalid Redis URL {url:?}: expected redis://HOST[:PORT][/DB] or unix://PATH"),
+            format!(
+                "invalid Redis URL {url:?}: expected redis://HOST[:PORT][/DB], rediss:// (TLS) or unix://PATH"
+            ),
         ))
     }
 }
@@ -107,7 +112,11 @@ fn check_algorithm(field: &str, algorithm: AlgorithmKind) -> Result<(), ConfigEr
 
 impl RawRedis {
     /// The section checked, for a limiter running `algorithm`.
-    pub(super) fn check(self, algorithm: AlgorithmKind) -> Result<RedisSettings, ConfigError> {
+    pub(super) fn check(
+        self,
+        algorithm: AlgorithmKind,
+        dir: Option<&std::path::Path>,
+    ) -> Result<RedisSettings, ConfigError> {
         if let Some(url) = &self.url {
             check_url("redis.url", url)?;
         }
@@ -148,6 +157,9 @@ impl RawRedis {
         if prefix.is_empty() {
             return Err(error("redis.prefix", "must not be empty"));
         }
+        let tls = (self.tls.as_ref())
+            .map(|raw| super::check::tls_files("redis.tls", raw, dir))
+            .transpose()?;
         Ok(RedisSettings {
             url: self.url,
             cluster: self.cluster,
@@ -156,6 +168,7 @@ impl RawRedis {
             timeout,
             degrade_after,
             prefix,
+            tls,
         })
     }
 }

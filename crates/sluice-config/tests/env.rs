@@ -68,6 +68,7 @@ fn each_variable_sets_its_key() {
     let pem = dir.path().join("any.pem");
     std::fs::write(&pem, "-----BEGIN CERTIFICATE-----\n").unwrap();
     let tls = format!("{{cert: {0}, key: {0}}}", pem.display());
+    let tls_ca = format!("{{ca: {}}}", pem.display());
     let admin = [("admin.listen", "127.0.0.1:0")];
     let api = [("rules.url", "http://127.0.0.1:9"), ("api.listen", "127.0.0.1:0")];
     // Each key, a value other than its default, and what it needs beside it.
@@ -116,6 +117,7 @@ fn each_variable_sets_its_key() {
         ("redis.timeout", "1s", &redis),
         ("redis.degrade_after", "7", &redis),
         ("redis.prefix", "p", &redis),
+        ("redis.tls", &tls_ca, &redis),
         ("rules", rules.as_str(), &[]),
         ("rules.url", "http://127.0.0.1:9", &[]),
         ("rules.poll", "3s", &url),

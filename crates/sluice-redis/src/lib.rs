@@ -55,4 +55,4 @@ pub use hybrid::{HybridLimiter, HybridMetrics};
 pub use limiter::{RedisLimit, RedisLimiter, RedisLimiterBuilder};
 pub use metrics::RedisMetrics;
 pub use policy::{FailurePolicy, UnknownPolicy};
-pub use store::{DEFAULT_DEGRADE_AFTER, DEFAULT_TIMEOUT, RedisOptions, RedisStore, StoreMetrics};
+pub use store::{DEFAULT_DEGRADE_AFTER, DEFAULT_TIMEOUT, RedisOptions, RedisStore, RedisTls, StoreMetrics};

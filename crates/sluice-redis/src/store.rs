@@ -37,6 +37,45 @@ pub struct RedisOptions {
     /// stops asking it (default 3; at least 1). One slow call alone is answered by the failure
     /// policy without sending everyone else there too.
     pub degrade_after: u32,
+    /// For `rediss://` URLs: the CA to trust and the client certificate to present (the
+    /// system's roots and none when left out).
+    pub tls: Option<RedisTls>,
+}
+
+/// TLS to Redis (`rediss://`): PEM bytes, read by the caller.
+///
+/// ```
+/// let tls = sluice_redis::RedisTls { ca: Some(b"-----BEGIN CERTIFICATE-----".to_vec()), client: None };
+/// let options = sluice_redis::RedisOptions { tls: Some(tls), ..Default::default() };
+/// # let _ = options;
+/// ```
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct RedisTls {
+    /// The CA certificates that sign the servers' (the system's roots if `None`).
+    pub ca: Option<Vec<u8>>,
+    /// A client certificate chain and its private key, for a Redis that asks for one.
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for RedisTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisTls")
+            .field("ca", &self.ca.is_some())
+            .field("client", &self.client.is_some())
+            .finish()
+    }
+}
+
+impl RedisTls {
+    fn certificates(&self) -> redis::TlsCertificates {
+        redis::TlsCertificates {
+            client_tls: self.client.as_ref().map(|(cert, key)| redis::ClientTlsConfig {
+                client_cert: cert.clone(),
+                client_key: key.clone(),
+            }),
+            root_cert: self.ca.clone(),
+        }
+    }
 }
 
 /// The longest a check waits for Redis unless told otherwise ([`RedisOptions::timeout`]).
@@ -62,6 +101,7 @@ impl Default for RedisOptions {
             probe_backoff: Duration::from_millis(50),
             probe_backoff_max: Duration::from_secs(1),
             degrade_after: DEFAULT_DEGRADE_AFTER,
+            tls: None,
         }
     }
 }
@@ -197,7 +237,11 @@ impl RedisStore {
     /// [`SetupError::BadUrl`] for a malformed URL, [`SetupError::Connect`] if Redis does not answer within
     /// `options.connect_timeout`.
     pub async fn connect(url: &str, options: RedisOptions) -> Result<Self, SetupError> {
-        let client = Client::open(url).map_err(|source| SetupError::BadUrl {
+        let opened = match &options.tls {
+            Some(tls) => Client::build_with_tls(url, tls.certificates()),
+            None => Client::open(url),
+        };
+        let client = opened.map_err(|source| SetupError::BadUrl {
             url: url.to_string(),
             reason: source.to_string(),
         })?;
@@ -218,15 +262,18 @@ impl RedisStore {
     /// ```
     pub async fn connect_cluster(urls: &[&str], options: RedisOptions) -> Result<Self, SetupError> {
         let joined = urls.join(",");
-        let client = ClusterClient::builder(urls.iter().copied())
+        let builder = ClusterClient::builder(urls.iter().copied())
             .connection_timeout(options.connect_timeout)
             .response_timeout(options.timeout)
-            .retries(1)
-            .build()
-            .map_err(|source| SetupError::BadUrl {
-                url: joined.clone(),
-                reason: source.to_string(),
-            })?;
+            .retries(1);
+        let builder = match &options.tls {
+            Some(tls) => builder.certs(tls.certificates()),
+            None => builder,
+        };
+        let client = builder.build().map_err(|source| SetupError::BadUrl {
+            url: joined.clone(),
+            reason: source.to_string(),
+        })?;
         Self::start(joined, Target::Cluster(client), options).await
     }
 
