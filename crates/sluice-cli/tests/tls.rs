@@ -127,6 +127,36 @@ fn plaintext_answered(addr: SocketAddr) -> bool {
     answer.starts_with(b"HTTP/1.1 ")
 }
 
+/// A directory holding a new CA (`ca.pem`) and a server certificate it issued for localhost
+/// and 127.0.0.1 (`cert.pem`, `key.pem`).
+fn certificates() -> (TempDir, Ca) {
+    let dir = TempDir::new();
+    let ca = Ca::new();
+    let (cert, key) = ca.issue(&["localhost"], ExtendedKeyUsagePurpose::ServerAuth);
+    dir.write("cert.pem", &cert);
+    dir.write("key.pem", &key);
+    dir.write("ca.pem", &ca.pem());
+    (dir, ca)
+}
+
+/// `sluice rules` over TLS in `dir` ([`certificates`]), asking clients for a certificate from
+/// the CA naming host-1.example.
+fn rules_service_over_mtls(dir: &TempDir) -> RulesService {
+    let args = [
+        "--db",
+        "rules.db",
+        "--tls-cert",
+        "cert.pem",
+        "--tls-key",
+        "key.pem",
+        "--tls-client-ca",
+        "ca.pem",
+        "--tls-allow",
+        "host-1.example",
+    ];
+    RulesService::start(dir, &args)
+}
+
 struct Setup {
     dir: TempDir,
     ca: Ca,
@@ -134,12 +164,7 @@ struct Setup {
 }
 
 fn start() -> Setup {
-    let dir = TempDir::new();
-    let ca = Ca::new();
-    let (cert, key) = ca.issue(&["localhost"], ExtendedKeyUsagePurpose::ServerAuth);
-    dir.write("cert.pem", &cert);
-    dir.write("key.pem", &key);
-    dir.write("ca.pem", &ca.pem());
+    let (dir, ca) = certificates();
     dir.write(
         "edge.yaml",
         "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {quota: 100/h}\n",
@@ -269,11 +294,7 @@ fn the_rls_port_speaks_grpc_over_tls() {
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
     use tonic::transport::{Certificate, Channel, ClientTlsConfig};
 
-    let dir = TempDir::new();
-    let ca = Ca::new();
-    let (cert, key) = ca.issue(&["localhost"], ExtendedKeyUsagePurpose::ServerAuth);
-    dir.write("cert.pem", &cert);
-    dir.write("key.pem", &key);
+    let (dir, ca) = certificates();
     dir.write(
         "edge.yaml",
         "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {quota: 1/h}\n",
@@ -340,27 +361,8 @@ fn the_rls_port_speaks_grpc_over_tls() {
 
 #[test]
 fn the_rules_service_serves_https_and_under_mtls_asks_for_a_client_certificate() {
-    let dir = TempDir::new();
-    let ca = Ca::new();
-    let (cert, key) = ca.issue(&["localhost"], ExtendedKeyUsagePurpose::ServerAuth);
-    dir.write("cert.pem", &cert);
-    dir.write("key.pem", &key);
-    dir.write("ca.pem", &ca.pem());
-    let rules = RulesService::start(
-        &dir,
-        &[
-            "--db",
-            "rules.db",
-            "--tls-cert",
-            "cert.pem",
-            "--tls-key",
-            "key.pem",
-            "--tls-client-ca",
-            "ca.pem",
-            "--tls-allow",
-            "host-1.example",
-        ],
-    );
+    let (dir, ca) = certificates();
+    let rules = rules_service_over_mtls(&dir);
     let host = ca.issue(&["host-1.example"], ExtendedKeyUsagePurpose::ClientAuth);
     let (status, _) = request(
         rules.addr,
@@ -384,27 +386,8 @@ fn the_rules_service_serves_https_and_under_mtls_asks_for_a_client_certificate()
 
 #[test]
 fn a_host_polls_a_rules_service_over_mtls() {
-    let dir = TempDir::new();
-    let ca = Ca::new();
-    let (cert, key) = ca.issue(&["localhost"], ExtendedKeyUsagePurpose::ServerAuth);
-    dir.write("cert.pem", &cert);
-    dir.write("key.pem", &key);
-    dir.write("ca.pem", &ca.pem());
-    let rules = RulesService::start(
-        &dir,
-        &[
-            "--db",
-            "rules.db",
-            "--tls-cert",
-            "cert.pem",
-            "--tls-key",
-            "key.pem",
-            "--tls-client-ca",
-            "ca.pem",
-            "--tls-allow",
-            "host-1.example",
-        ],
-    );
+    let (dir, ca) = certificates();
+    let rules = rules_service_over_mtls(&dir);
     let host = ca.issue(&["host-1.example"], ExtendedKeyUsagePurpose::ClientAuth);
     dir.write("host.pem", &host.0);
     dir.write("host.key", &host.1);
@@ -505,12 +488,7 @@ impl Drop for TlsRedis {
 
 #[test]
 fn limits_are_shared_through_a_redis_that_speaks_tls_only() {
-    let dir = TempDir::new();
-    let ca = Ca::new();
-    let (cert, key) = ca.issue(&["localhost"], ExtendedKeyUsagePurpose::ServerAuth);
-    dir.write("cert.pem", &cert);
-    dir.write("key.pem", &key);
-    dir.write("ca.pem", &ca.pem());
+    let (dir, ca) = certificates();
     let client = ca.issue(&["sluice.example"], ExtendedKeyUsagePurpose::ClientAuth);
     dir.write("client.pem", &client.0);
     dir.write("client.key", &client.1);
