@@ -84,7 +84,8 @@ pub fn with_redis_url(mut settings: Settings, url: &str) -> Result<Settings, Con
         ..
     }) = &settings.service
     {
-        super::check::rules_fit_redis(&loaded.0, algorithm).map_err(|e| error("rules (with --redis)", e))?;
+        super::check_service::rules_fit_redis(&loaded.0, algorithm)
+            .map_err(|e| error("rules (with --redis)", e))?;
     }
     let redis = settings.limiter.redis.get_or_insert_with(RedisSettings::default);
     redis.url = Some(url.to_string());
@@ -158,7 +159,7 @@ impl RawRedis {
             return Err(error("redis.prefix", "must not be empty"));
         }
         let tls = (self.tls.as_ref())
-            .map(|raw| super::check::tls_files("redis.tls", raw, dir))
+            .map(|raw| super::check_service::tls_files("redis.tls", raw, dir))
             .transpose()?;
         Ok(RedisSettings {
             url: self.url,
