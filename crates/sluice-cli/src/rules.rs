@@ -24,7 +24,7 @@ pub struct RulesArgs {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8083")]
     pub listen: SocketAddr,
     /// The tokens file: one `NAME SCOPE TOKEN` a line (SCOPE read or write; TOKEN the secret
-    /// or `sha256:HEX`); default: the file SLUICE_RULES_TOKEN_FILE names, if set. Without tokens
+    /// or `sha256:HEX`); default: the file SLUICE_RULES_SERVICE_TOKENS names, if set. Without tokens
     /// everyone on this host may read and write.
     #[arg(long, value_name = "FILE")]
     pub tokens: Option<PathBuf>,
@@ -125,7 +125,7 @@ fn rule_files(path: &Path) -> Result<Vec<PathBuf>, String> {
 
 fn serve<S: RuleStore + Send + Sync + 'static>(store: S, args: &RulesArgs) -> Result<(), String> {
     crate::init_logging();
-    let from_env = std::env::var_os("SLUICE_RULES_TOKEN_FILE").map(PathBuf::from);
+    let from_env = std::env::var_os("SLUICE_RULES_SERVICE_TOKENS").map(PathBuf::from);
     let tokens = match args.tokens.as_ref().or(from_env.as_ref()) {
         Some(file) => std::fs::read_to_string(file)
             .map_err(|e| format!("{}: {e}", file.display()))?
