@@ -120,6 +120,15 @@ fn clamp(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
 
+/// A rule's decisions as the `outcome` label names them.
+fn outcomes(counts: &sluice_service::RuleCounts) -> [(&'static str, u64); 3] {
+    [
+        ("allowed", counts.allowed),
+        ("denied", counts.denied),
+        ("shadow_denied", counts.shadow_denied),
+    ]
+}
+
 impl Collector for Observed {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let engines = self.engines();
@@ -135,11 +144,7 @@ impl Collector for Observed {
             for rule in rules {
                 let place = rule.rule.to_string();
                 let name = rule.name.as_deref().unwrap_or("");
-                for (outcome, value) in [
-                    ("allowed", rule.counts.allowed),
-                    ("denied", rule.counts.denied),
-                    ("shadow_denied", rule.counts.shadow_denied),
-                ] {
+                for (outcome, value) in outcomes(&rule.counts) {
                     let labels = [
                         ("engine", *engine),
                         ("domain", rule.domain.as_str()),
@@ -162,11 +167,7 @@ impl Collector for Observed {
                 let place = rule.rule.to_string();
                 let name = rule.name.as_deref().unwrap_or("");
                 for (label, counts) in &rule.by_label {
-                    for (outcome, value) in [
-                        ("allowed", counts.allowed),
-                        ("denied", counts.denied),
-                        ("shadow_denied", counts.shadow_denied),
-                    ] {
+                    for (outcome, value) in outcomes(counts) {
                         let labels = [
                             ("engine", *engine),
                             ("domain", rule.domain.as_str()),

@@ -75,9 +75,6 @@ pub const ENV_KEYS: &[&str] = &[
     "denied_log",
 ];
 
-/// Keys whose values are secrets: masked wherever settings are shown.
-pub const SECRET_KEYS: &[&str] = &["rules.token", "redis.url", "redis.cluster"];
-
 /// The variable that sets `path` (`redis.url`: `SLUICE_REDIS_URL`).
 ///
 /// ```

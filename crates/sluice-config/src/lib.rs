@@ -40,7 +40,7 @@ use std::time::Duration;
 use sluice::{AlgorithmKind, Quota};
 use sluice_http::{ClientIpHeader, CostRule, IpNet, KeyPart};
 
-pub use env::{ENV_KEYS, FromEnv, SECRET_KEYS, env_name};
+pub use env::{ENV_KEYS, FromEnv, env_name};
 pub use redis::{RedisSettings, with_redis_url};
 pub use service::{
     Answers, DEFAULT_RULES_POLL, DEFAULT_RULES_SNAPSHOT, LoadedRules, RULES_TOKEN_ENV, RulesFrom,
