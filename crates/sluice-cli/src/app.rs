@@ -161,7 +161,7 @@ impl App {
     /// URL came from, for errors.
     pub async fn new(settings: &Settings, url_field: &'static str) -> Result<Self, AppError> {
         let rules = accounts_rules(settings)?;
-        let engine_settings = engine_settings(&settings.limiter, settings.client_tls.as_ref())?;
+        let engine_settings = engine_settings(&settings.limiter, settings)?;
         let engine = match &settings.limiter.redis {
             None => Engine::new(rules, engine_settings)?,
             Some(redis) => {
@@ -239,10 +239,7 @@ impl App {
         let reloaded = match (&old.redis, &new.redis) {
             _ if old.algorithm != new.algorithm => afresh("another algorithm"),
             (None, None) => {
-                let engine = Engine::new(
-                    accounts_rules(settings)?,
-                    engine_settings(new, settings.client_tls.as_ref())?,
-                )?;
+                let engine = Engine::new(accounts_rules(settings)?, engine_settings(new, settings)?)?;
                 let app = self.next(settings, Arc::new(engine))?;
                 // Last, once nothing can fail: the keys leave the running engine.
                 let reloaded = match self.engine.migrate_into(&app.engine) {
@@ -319,11 +316,13 @@ fn accounts_rules(settings: &Settings) -> Result<RuleSet, sluice_descriptors::Ru
 
 /// The engine's settings from the limiter's: the quota of a key not yet fetched is the
 /// failsafe one (and the pool), for the simulated fetch latency or while the quota service
-/// of `accounts_url` answers.
+/// of `accounts_url` answers (asked through `settings.client_tls`); decisions' spans name their
+/// keys if `otlp.keys` asks.
 fn engine_settings(
     limiter: &LimiterSettings,
-    client_tls: Option<&sluice_rules_client::ClientTls>,
+    settings: &Settings,
 ) -> Result<EngineSettings, sluice_rules_client::UrlError> {
+    let client_tls = settings.client_tls.as_ref();
     let by_value = match &limiter.accounts_url {
         Some(url) => Some(ValueQuotas {
             domain: ACCOUNTS_DOMAIN.into(),
@@ -348,6 +347,7 @@ fn engine_settings(
         by_value,
         denied_log_per_second: limiter.denied_log,
         observe: limiter.observe,
+        trace_keys: settings.otlp.as_ref().is_some_and(|otlp| otlp.keys),
         ..EngineSettings::default()
     })
 }

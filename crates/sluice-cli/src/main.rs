@@ -11,6 +11,7 @@ mod rules;
 mod server;
 mod service;
 mod tls;
+mod traces;
 mod watch;
 
 use std::io::IsTerminal as _;
@@ -147,7 +148,6 @@ fn loadtest(args: &sluice_loadtest::Args) -> Result<(), String> {
 }
 
 fn serve(args: ServeArgs) -> Result<(), String> {
-    init_logging();
     let (settings, config_file) = match args.config {
         Some(file) => {
             let (settings, bytes) =
@@ -183,6 +183,15 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    let traces = match &settings.otlp {
+        Some(otlp) => {
+            let _runtime = runtime.enter();
+            Some(traces::start(otlp)?)
+        }
+        None => None,
+    };
+    let (traces, export) = traces.unzip();
+    init_logging(export);
     let options = server::ServeOptions {
         settings,
         config_file,
@@ -191,29 +200,55 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     };
     runtime.block_on(async {
         let signals = StopSignals::install()?;
-        server::serve(options, threads, signals)
+        let served = server::serve(options, threads, signals)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string());
+        if let Some(traces) = traces {
+            traces.flush().await;
+        }
+        served
     })
 }
 
-pub(crate) fn init_logging() {
+/// Logs to stderr (`SLUICE_LOG`, `SLUICE_LOG_FORMAT`), and beside them the trace exporter's
+/// layer if traces are on.
+pub(crate) fn init_logging(export: Option<traces::ExportLayer>) {
     let level = std::env::var("SLUICE_LOG")
         .ok()
         .and_then(|l| l.parse::<LevelFilter>().ok())
         .unwrap_or(LevelFilter::INFO);
     let format = std::env::var("SLUICE_LOG_FORMAT").unwrap_or_default();
-    let logs = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_max_level(level);
-    if format.eq_ignore_ascii_case("json") {
-        // One JSON object a line, for a log pipeline.
-        logs.json().init();
-    } else {
-        logs.with_ansi(std::io::stderr().is_terminal()).init();
-        if !format.is_empty() && !format.eq_ignore_ascii_case("text") {
-            tracing::warn!("SLUICE_LOG_FORMAT={format:?}: not json or text; logging text");
+    // One JSON object a line, for a log pipeline.
+    let json = format.eq_ignore_ascii_case("json");
+    match export {
+        None => {
+            // The subscriber as it always was: a span the exporter would see is never enabled.
+            let logs = tracing_subscriber::fmt()
+                .with_writer(std::io::stderr)
+                .with_max_level(level);
+            if json {
+                logs.json().init();
+            } else {
+                logs.with_ansi(std::io::stderr().is_terminal()).init();
+            }
         }
+        Some(export) => {
+            use tracing_subscriber::layer::SubscriberExt;
+            use tracing_subscriber::util::SubscriberInitExt;
+            use tracing_subscriber::{Layer, fmt};
+            let logs = fmt::layer().with_writer(std::io::stderr);
+            let logs = if json {
+                logs.json().with_filter(level).boxed()
+            } else {
+                (logs.with_ansi(std::io::stderr().is_terminal()))
+                    .with_filter(level)
+                    .boxed()
+            };
+            tracing_subscriber::registry().with(vec![logs, export]).init();
+        }
+    }
+    if !json && !format.is_empty() && !format.eq_ignore_ascii_case("text") {
+        tracing::warn!("SLUICE_LOG_FORMAT={format:?}: not json or text; logging text");
     }
 }
 

@@ -16,7 +16,7 @@ use crate::server::url_field;
 use crate::watch::Watch;
 
 /// The settings read once, at start: a reload that changes them says so.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct StartOnly {
     listen: SocketAddr,
     idle_timeout: Duration,
@@ -27,6 +27,7 @@ pub(crate) struct StartOnly {
     admin: Option<SocketAddr>,
     drain_delay: Duration,
     shutdown_timeout: Duration,
+    otlp: Option<sluice_config::OtlpSettings>,
 }
 
 impl StartOnly {
@@ -41,6 +42,7 @@ impl StartOnly {
             admin: settings.admin,
             drain_delay: settings.drain_delay,
             shutdown_timeout: settings.shutdown_timeout,
+            otlp: settings.otlp.clone(),
         }
     }
 
@@ -70,6 +72,9 @@ impl StartOnly {
         }
         if self.shutdown_timeout != other.shutdown_timeout {
             changed.push("shutdown_timeout");
+        }
+        if self.otlp != other.otlp {
+            changed.push("otlp");
         }
         changed
     }

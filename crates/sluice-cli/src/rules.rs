@@ -124,7 +124,7 @@ fn rule_files(path: &Path) -> Result<Vec<PathBuf>, String> {
 }
 
 fn serve<S: RuleStore + Send + Sync + 'static>(store: S, args: &RulesArgs) -> Result<(), String> {
-    crate::init_logging();
+    crate::init_logging(None);
     let from_env = std::env::var_os("SLUICE_RULES_SERVICE_TOKENS").map(PathBuf::from);
     let tokens = match args.tokens.as_ref().or(from_env.as_ref()) {
         Some(file) => std::fs::read_to_string(file)

@@ -511,7 +511,13 @@ impl hyper::service::Service<Request<Incoming>> for Handler {
         if app.needs_peer {
             request.extensions_mut().insert(PeerAddr(self.peer));
         }
-        let future = app.service.clone().call(request);
+        // Only when traces are exported: the request's span, the decision's parent.
+        let span = crate::traces::on()
+            .then(|| crate::traces::request_span(request.method().as_str(), request.headers()));
+        let future = match &span {
+            None => app.service.clone().call(request),
+            Some(span) => span.in_scope(|| app.service.clone().call(request)),
+        };
         // Answered now unless the limiter holds it: only then can the answer take longer than
         // the idle timeout, and only then is the activity carried along.
         let held = if future.is_held() {
@@ -520,7 +526,7 @@ impl hyper::service::Service<Request<Incoming>> for Handler {
             self.activity.answered();
             None
         };
-        Answering { future, held }
+        Answering { future, held, span }
     }
 }
 
@@ -540,6 +546,7 @@ pin_project_lite::pin_project! {
         #[pin]
         future: sluice_http::ResponseFuture<Hello, Incoming, Body>,
         held: Option<Held>,
+        span: Option<tracing::Span>,
     }
 }
 
@@ -548,6 +555,10 @@ impl Future for Answering {
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
-        self.project().future.poll(cx)
+        let this = self.project();
+        match this.span {
+            None => this.future.poll(cx),
+            Some(span) => span.in_scope(|| this.future.poll(cx)),
+        }
     }
 }

@@ -109,6 +109,7 @@ pub async fn start(
         },
         denied_log_per_second: settings.limiter.denied_log,
         observe: settings.limiter.observe,
+        trace_keys: settings.otlp.as_ref().is_some_and(|otlp| otlp.keys),
         ..EngineSettings::default()
     };
     let build = async |rules: RuleSet| -> Result<Engine, ServiceError> {
@@ -237,7 +238,10 @@ fn serve_rls(
     ready: &watch::Receiver<bool>,
     stop: watch::Receiver<bool>,
 ) {
-    let rls = RateLimitService::new(Arc::clone(engine)).reporting(ready.clone());
+    let mut rls = RateLimitService::new(Arc::clone(engine)).reporting(ready.clone());
+    if crate::traces::on() {
+        rls = rls.traced(crate::traces::request_span);
+    }
     tokio::spawn(async move {
         let served = match tls {
             None => rls.serve(listener, stopped(stop)).await,
@@ -261,13 +265,20 @@ fn serve_api(
     tls: Option<Arc<ServerTls>>,
     stop: watch::Receiver<bool>,
 ) {
-    let api = CheckApi::new(Arc::clone(engine));
+    let mut routes = CheckApi::new(Arc::clone(engine)).router();
+    if crate::traces::on() {
+        routes = routes.layer(crate::traces::RequestSpans("POST /v1/check"));
+    }
     tokio::spawn(async move {
         let served = match tls {
-            None => api.serve(listener, stopped(stop)).await,
+            None => {
+                axum::serve(listener, routes)
+                    .with_graceful_shutdown(stopped(stop))
+                    .await
+            }
             Some(tls) => match TlsListener::new(listener, tls, stop.clone()) {
                 Ok(listener) => {
-                    axum::serve(listener, api.router())
+                    axum::serve(listener, routes)
                         .with_graceful_shutdown(stopped(stop))
                         .await
                 }

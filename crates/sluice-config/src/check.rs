@@ -175,6 +175,9 @@ impl RawConfig {
         let client_tls = (self.client_tls.as_ref())
             .map(|raw| client_tls(raw, dir))
             .transpose()?;
+        let otlp = (self.otlp.as_ref())
+            .map(|raw| crate::otlp::check(raw, self.client_tls.as_ref(), dir))
+            .transpose()?;
         let limiter = self.limiter(client_tls.as_ref(), dir)?;
         let ipv6_prefix = match self.ipv6_prefix {
             None => sluice_http::DEFAULT_IPV6_PREFIX,
@@ -265,6 +268,7 @@ impl RawConfig {
             admin_tls,
             tls,
             client_tls,
+            otlp,
         })
     }
 

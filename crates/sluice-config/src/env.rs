@@ -73,6 +73,16 @@ pub const ENV_KEYS: &[&str] = &[
     "admin.listen",
     "admin.tls",
     "denied_log",
+    "otlp.endpoint",
+    "otlp.sample_ratio",
+    "otlp.keys",
+];
+
+/// The standard OpenTelemetry variables that set the collector, in the order they are
+/// looked at, when `SLUICE_OTLP_ENDPOINT` is not set.
+const OTEL_ENDPOINTS: [&str; 2] = [
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
 ];
 
 /// The variable that sets `path` (`redis.url`: `SLUICE_REDIS_URL`).
@@ -122,6 +132,16 @@ pub(crate) fn read(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Vec<(FromE
                 .map_err(|e| error(path, format!("{variable}: not a YAML value: {e}")))?
         };
         given.push((FromEnv { path, variable }, value));
+    }
+    if !given.iter().any(|(from, _)| from.path == "otlp.endpoint")
+        && let Some((variable, endpoint)) =
+            (OTEL_ENDPOINTS.iter()).find_map(|name| Some((*name, lookup(name).filter(|v| !v.is_empty())?)))
+    {
+        let from = FromEnv {
+            path: "otlp.endpoint",
+            variable: variable.to_owned(),
+        };
+        given.push((from, Value::String(endpoint)));
     }
     Ok(given)
 }

@@ -28,6 +28,7 @@
 mod check;
 mod check_service;
 mod env;
+mod otlp;
 mod raw;
 mod redis;
 mod service;
@@ -41,6 +42,7 @@ use sluice::{AlgorithmKind, Quota};
 use sluice_http::{ClientIpHeader, CostRule, IpNet, KeyPart};
 
 pub use env::{ENV_KEYS, FromEnv, env_name};
+pub use otlp::OtlpSettings;
 pub use redis::{RedisSettings, with_redis_url};
 pub use service::{
     Answers, DEFAULT_RULES_POLL, DEFAULT_RULES_SNAPSHOT, LoadedRules, RULES_TOKEN_ENV, RulesFrom,
@@ -261,6 +263,8 @@ pub struct Settings {
     /// an `https://` service (`client_tls`); Mozilla's roots and no client certificate if
     /// left out.
     pub client_tls: Option<sluice_rules_client::ClientTls>,
+    /// Traces exported over OTLP (`otlp`, or `OTEL_EXPORTER_OTLP_ENDPOINT`), if anywhere.
+    pub otlp: Option<OtlpSettings>,
 }
 
 /// How requests over their quota are treated: refused at once, or queued for capacity.

@@ -69,6 +69,8 @@ pub(super) struct RawConfig {
     pub admin: Option<RawListener>,
     /// Denials logged a second at most (`DEFAULT_DENIED_LOG` when left out; 0: none).
     pub denied_log: Option<u32>,
+    /// Traces exported over OTLP.
+    pub otlp: Option<RawOtlp>,
 }
 
 impl Default for RawConfig {
@@ -114,6 +116,7 @@ impl Default for RawConfig {
             merge_domains: false,
             admin: None,
             denied_log: None,
+            otlp: None,
         }
     }
 }
@@ -191,6 +194,18 @@ pub(super) struct RawListener {
     pub listen: String,
     #[serde(default)]
     pub tls: Option<RawTls>,
+}
+
+/// `otlp:`: the collector traces are exported to, the share of traces kept (1 when left
+/// out), and whether decision spans name their keys.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawOtlp {
+    pub endpoint: String,
+    #[serde(default)]
+    pub sample_ratio: Option<f64>,
+    #[serde(default)]
+    pub keys: bool,
 }
 
 /// `client_tls:`: the CA sluice's clients trust (Mozilla's roots if left out) and the client

@@ -26,7 +26,7 @@ fn fields(section: &str) -> Vec<String> {
 
 #[test]
 fn every_key_of_the_schema_has_a_variable_and_no_variable_names_nothing() {
-    let sections = ["key", "redis", "rls", "api", "admin", "rules"];
+    let sections = ["key", "redis", "rls", "api", "admin", "rules", "otlp"];
     let mut schema = BTreeSet::new();
     for field in fields("") {
         // A section is set key by key; `rules` is a path too.
@@ -71,6 +71,7 @@ fn each_variable_sets_its_key() {
     let tls_ca = format!("{{ca: {}}}", pem.display());
     let admin = [("admin.listen", "127.0.0.1:0")];
     let api = [("rules.url", "http://127.0.0.1:9"), ("api.listen", "127.0.0.1:0")];
+    let otlp = [("otlp.endpoint", "http://127.0.0.1:4317")];
     // Each key, a value other than its default, and what it needs beside it.
     let cases: Vec<(&str, &str, Beside)> = vec![
         ("listen", "127.0.0.1:9999", &[]),
@@ -134,6 +135,9 @@ fn each_variable_sets_its_key() {
         ("merge_domains", "true", &file),
         ("admin.listen", "127.0.0.1:0", &[]),
         ("denied_log", "3", &[]),
+        ("otlp.endpoint", "http://127.0.0.1:4317", &[]),
+        ("otlp.sample_ratio", "0.5", &otlp),
+        ("otlp.keys", "true", &otlp),
     ];
     let covered: BTreeSet<&str> = cases.iter().map(|(key, _, _)| *key).collect();
     assert_eq!(covered, ENV_KEYS.iter().copied().collect::<BTreeSet<_>>());
@@ -201,4 +205,29 @@ fn a_value_can_come_from_a_file_as_secrets_are_mounted() {
     let e = parse_with_env("{}\n", None, &|name| missing.get(name).map(|v| v.to_string())).unwrap_err();
     assert_eq!(e.field, "listen");
     assert!(e.message.contains("SLUICE_LISTEN_FILE"), "{e}");
+}
+
+#[test]
+fn the_standard_otel_variable_sets_the_collector_unless_sluices_own_does() {
+    let read = |env: &[(&str, &str)]| {
+        let env: HashMap<String, String> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let (settings, _) = parse_with_env("{}\n", None, &|name| env.get(name).cloned()).unwrap();
+        settings.otlp.map(|otlp| otlp.endpoint)
+    };
+    assert_eq!(read(&[]), None);
+    let standard = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317");
+    assert_eq!(read(&[standard]).as_deref(), Some("http://collector:4317"));
+    // The traces-only variable is more specific than the general one.
+    let traces = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://traces:4317");
+    assert_eq!(read(&[standard, traces]).as_deref(), Some("http://traces:4317"));
+    let own = ("SLUICE_OTLP_ENDPOINT", "http://own:4317");
+    assert_eq!(read(&[standard, own]).as_deref(), Some("http://own:4317"));
+    // A bad one names the variable it came from.
+    let env: HashMap<String, String> = [(
+        "OTEL_EXPORTER_OTLP_ENDPOINT".to_string(),
+        "collector:4317".to_string(),
+    )]
+    .into();
+    let e = parse_with_env("{}\n", None, &|name| env.get(name).cloned()).unwrap_err();
+    assert!(e.to_string().contains("otlp.endpoint"), "{e}");
 }

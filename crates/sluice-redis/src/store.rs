@@ -10,6 +10,8 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisFuture, Script, ToRedisArgs, Value};
 
+use tracing::Instrument;
+
 use crate::SetupError;
 use crate::health::Health;
 use crate::sync::{read, write};
@@ -404,6 +406,16 @@ impl RedisStore {
             health.skipped.fetch_add(1, Ordering::Relaxed);
             return Err(CallError::Skipped);
         };
+        // The call as a child of the caller's span, when traces are exported.
+        let span = tracing::trace_span!(
+            target: sluice::TRACE_TARGET,
+            "redis EVALSHA",
+            otel.kind = "client",
+            db.system.name = "redis",
+            db.operation.name = "EVALSHA",
+            otel.status_code = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
+        );
         let call = async {
             let mut conn = self.connection().await?;
             let mut invocation = script.prepare_invoke();
@@ -415,7 +427,10 @@ impl RedisStore {
             }
             invocation.invoke_async::<Vec<i64>>(&mut conn).await
         };
-        let result = match tokio::time::timeout(self.inner.options.timeout, call).await {
+        let result = match tokio::time::timeout(self.inner.options.timeout, call)
+            .instrument(span.clone())
+            .await
+        {
             Ok(Ok(reply)) => Ok(reply),
             Ok(Err(e)) => Err(CallError::Redis(e)),
             Err(_) => Err(CallError::Timeout),
@@ -423,6 +438,10 @@ impl RedisStore {
         match &result {
             Ok(_) => health.succeeded(&self.inner.url, attempt),
             Err(e) => {
+                if !span.is_disabled() {
+                    span.record("otel.status_code", "ERROR");
+                    span.record("otel.status_description", e.to_string());
+                }
                 // A broken or stalled connection is replaced at the next attempt.
                 *write(&self.inner.conn) = None;
                 health.failed(&self.inner.url, e, attempt);

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use http::{StatusCode, header};
 use sluice::{FetchResult, Quota};
+use tracing::Instrument;
 
 use crate::UrlError;
 
@@ -121,7 +122,16 @@ impl HttpQuotas {
         path.push_str(&inner.before);
         percent_encode(key, &mut path);
         path.push_str(&inner.after);
-        async move {
+        let span = tracing::trace_span!(
+            target: sluice::TRACE_TARGET,
+            "sluice.quota_fetch",
+            otel.kind = "client",
+            http.response.status_code = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
+        );
+        let traced = span.clone();
+        let fetched = async move {
             let accept = [(
                 header::ACCEPT,
                 header::HeaderValue::from_static("text/plain, application/json"),
@@ -142,11 +152,22 @@ impl HttpQuotas {
                     )));
                 }
             };
+            span.record("http.response.status_code", status.as_u16());
             match status {
                 StatusCode::OK => parse_answer(&body).map(Some),
                 StatusCode::NOT_FOUND => Ok(None),
                 other => Err(sluice::FetchError::new(format!("quota service answered {other}"))),
             }
+        };
+        async move {
+            let fetched = fetched.instrument(traced.clone()).await;
+            if let Err(e) = &fetched
+                && !traced.is_disabled()
+            {
+                traced.record("otel.status_code", "ERROR");
+                traced.record("otel.status_description", e.to_string());
+            }
+            fetched
         }
     }
 }

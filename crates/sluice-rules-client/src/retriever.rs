@@ -10,6 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{StatusCode, header};
 use sluice_descriptors::{RuleSet, RulesError};
+use tracing::Instrument;
 
 use crate::wire::{DomainBody, SnapshotBody};
 
@@ -466,10 +467,29 @@ impl RulesSource {
     /// # }
     /// ```
     pub async fn fetch(&self, known: Option<u64>) -> Result<Fetched, PollError> {
-        match tokio::time::timeout(self.timeout, self.exchange(known)).await {
+        let span = tracing::trace_span!(
+            target: sluice::TRACE_TARGET,
+            "sluice.rules_poll",
+            otel.kind = "client",
+            changed = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
+        );
+        let exchange = tokio::time::timeout(self.timeout, self.exchange(known));
+        let answer = match exchange.instrument(span.clone()).await {
             Ok(answer) => answer,
             Err(_) => Err(PollError::Timeout(self.timeout)),
+        };
+        if !span.is_disabled() {
+            match &answer {
+                Ok(fetched) => span.record("changed", matches!(fetched, Fetched::Changed(_))),
+                Err(e) => {
+                    span.record("otel.status_code", "ERROR");
+                    span.record("otel.status_description", e.to_string())
+                }
+            };
         }
+        answer
     }
 
     /// [`fetch`](Self::fetch) over a connection already made (`io`) instead of a new one to

@@ -11,7 +11,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Instant;
 
+use sluice::TRACE_TARGET;
 use sluice_descriptors::{Limit, Rule, metric_label};
+use tracing::{Instrument, Span, field::Empty};
 
 use crate::answer::{Outcome, Status};
 use crate::counters::push_counter;
@@ -67,7 +69,18 @@ impl Engine {
         R: FnOnce(&Outcome<'_, '_>) -> T + Send + 'a,
         T: 'a,
     {
+        // Exported only when a subscriber enables the target; otherwise a level check.
+        let span = tracing::trace_span!(
+            target: TRACE_TARGET,
+            "sluice.decision",
+            domain = request.domain,
+            rule = Empty,
+            outcome = Empty,
+            shadow = Empty,
+            descriptors = Empty,
+        );
         if let Err(e) = request.validate(self.settings.bounds) {
+            span.record("outcome", "invalid");
             return Decided::Ready(Err(e));
         }
         let started = (self.settings.observe && front.is_some()).then(Instant::now);
@@ -96,7 +109,7 @@ impl Engine {
                             (counts, statuses),
                             denied,
                             peek,
-                            (front, started),
+                            (front, started, &span),
                             read,
                         );
                         KEYS.with(|buffer| buffer.set(keys));
@@ -111,25 +124,45 @@ impl Engine {
                 };
                 if let Some(denied) = now {
                     let limits = (tally.counts.as_slice(), tally.statuses.as_slice());
-                    let answer =
-                        self.finish(&generation, request, limits, denied, peek, (front, started), read);
+                    let answer = self.finish(
+                        &generation,
+                        request,
+                        limits,
+                        denied,
+                        peek,
+                        (front, started, &span),
+                        read,
+                    );
                     KEYS.with(|keys| keys.set(tally.keys));
                     return Decided::Ready(Ok(answer));
                 }
             }
         }
-        // A store that answers later: the future owns the generation it decides on.
-        Decided::Pending(Box::pin(async move {
-            let generation = self.current.load_full();
-            let mut tally = Tally::new(String::new());
-            self.plan(&generation, request, peek, &mut tally);
-            let denied = match generation.store.count(&mut tally, self.settings.counting) {
-                Counted::Now(denied) => denied,
-                Counted::Later(later) => later.await,
-            };
-            let limits = (tally.counts.as_slice(), tally.statuses.as_slice());
-            Ok(self.finish(&generation, request, limits, denied, peek, (front, started), read))
-        }))
+        // A store that answers later: the future owns the generation it decides on. Its
+        // calls (Redis) are the decision span's children.
+        let within = span.clone();
+        Decided::Pending(Box::pin(
+            async move {
+                let generation = self.current.load_full();
+                let mut tally = Tally::new(String::new());
+                self.plan(&generation, request, peek, &mut tally);
+                let denied = match generation.store.count(&mut tally, self.settings.counting) {
+                    Counted::Now(denied) => denied,
+                    Counted::Later(later) => later.await,
+                };
+                let limits = (tally.counts.as_slice(), tally.statuses.as_slice());
+                Ok(self.finish(
+                    &generation,
+                    request,
+                    limits,
+                    denied,
+                    peek,
+                    (front, started, &span),
+                    read,
+                ))
+            }
+            .instrument(within),
+        ))
     }
 
     /// Writes into `tally` the limits the request's descriptors are counted against: each
@@ -220,7 +253,7 @@ impl Engine {
         (counts, statuses): (&[Count<'_>], &[Status<'_>]),
         denied: bool,
         peek: bool,
-        (front, started): (Option<FrontEnd>, Option<Instant>),
+        (front, started, span): (Option<FrontEnd>, Option<Instant>, &Span),
         read: impl FnOnce(&Outcome<'_, '_>) -> T,
     ) -> T {
         if !peek {
@@ -228,6 +261,9 @@ impl Engine {
         }
         if let (Some(front), Some(started)) = (front, started) {
             self.record_latency(front, started.elapsed());
+        }
+        if !span.is_disabled() {
+            self.trace(span, request, statuses, denied);
         }
         read(&Outcome {
             // Global shadow mode: counted and recorded as enforced, answered OK.
@@ -267,6 +303,40 @@ impl Engine {
                     stats.record_label(label, descriptor.hits, over, rule.shadow_mode);
                 }
             }
+        }
+    }
+
+    /// Writes a decided request into its span: the outcome, the rule that denied it (or every
+    /// rule it was counted against), and its descriptors only if the settings ask for keys.
+    #[cold]
+    fn trace(&self, span: &Span, request: Request<'_>, statuses: &[Status<'_>], denied: bool) {
+        let outcome = if denied && !self.settings.shadow {
+            "OVER_LIMIT"
+        } else {
+            "OK"
+        };
+        span.record("outcome", outcome);
+        if denied && self.settings.shadow {
+            span.record("shadow", true);
+        }
+        let named = if denied {
+            (statuses.iter().find(|status| status.denies()))
+                .and_then(|status| status.rule)
+                .map(|rule| rule.id.to_string())
+        } else {
+            let ids: Vec<String> = (statuses.iter().filter_map(|status| status.rule))
+                .map(|rule| rule.id.to_string())
+                .collect();
+            (!ids.is_empty()).then(|| ids.join(","))
+        };
+        if let Some(named) = named {
+            span.record("rule", named);
+        }
+        if self.settings.trace_keys {
+            let keys: Vec<String> = (request.descriptors.iter())
+                .map(|descriptor| descriptor_key(descriptor.entries))
+                .collect();
+            span.record("descriptors", keys.join("; "));
         }
     }
 

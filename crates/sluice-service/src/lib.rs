@@ -39,7 +39,7 @@ pub use engine::{Engine, EngineError, Reloaded, RuleReport};
 pub use layer::LayerBackend;
 pub use request::{CheckRequest, DescriptorRequest, RequestBounds, RequestError};
 #[cfg(feature = "grpc")]
-pub use rls::{RateLimitService, SHOULD_RATE_LIMIT};
+pub use rls::{RateLimitService, RequestSpan, SHOULD_RATE_LIMIT};
 #[doc(hidden)]
 pub use rls_message::answer_rls_message;
 pub use rls_message::{MAX_MESSAGE_BYTES, RlsMessageError};

@@ -41,12 +41,28 @@ const MAX_STREAMS: u32 = 1024;
 pub struct RateLimitService {
     engine: Arc<Engine>,
     ready: Option<tokio::sync::watch::Receiver<bool>>,
+    request_span: Option<RequestSpan>,
 }
+
+/// Opens the span a request is served in, from its operation's name and its headers (where a
+/// caller's trace context, `traceparent`, arrives): what a binary that exports traces installs
+/// with [`RateLimitService::traced`]. The decision's span is its child.
+///
+/// ```
+/// use sluice_service::RequestSpan;
+/// let open: RequestSpan = |name, _headers| tracing::trace_span!("request", otel.name = name);
+/// assert!(open("ShouldRateLimit", &http::HeaderMap::new()).is_disabled());
+/// ```
+pub type RequestSpan = fn(&str, &http::HeaderMap) -> tracing::Span;
 
 impl RateLimitService {
     /// The service over `engine`.
     pub fn new(engine: Arc<Engine>) -> Self {
-        Self { engine, ready: None }
+        Self {
+            engine,
+            ready: None,
+            request_span: None,
+        }
     }
 
     /// Reports the health service serving only while `ready` holds true (the host's
@@ -54,6 +70,14 @@ impl RateLimitService {
     #[must_use]
     pub fn reporting(mut self, ready: tokio::sync::watch::Receiver<bool>) -> Self {
         self.ready = Some(ready);
+        self
+    }
+
+    /// Serves each call in the span `open` gives for it (the gRPC path as its name, the call's
+    /// metadata as its headers), instead of none.
+    #[must_use]
+    pub fn traced(mut self, open: RequestSpan) -> Self {
+        self.request_span = Some(open);
         self
     }
 
@@ -113,8 +137,11 @@ impl RateLimitService {
                 }
             });
         }
-        tonic::transport::Server::builder()
-            .max_concurrent_streams(MAX_STREAMS)
+        let mut server = tonic::transport::Server::builder().max_concurrent_streams(MAX_STREAMS);
+        if let Some(open) = self.request_span {
+            server = server.trace_fn(move |request| open(request.uri().path(), request.headers()));
+        }
+        server
             .add_service(health)
             .add_service(self)
             .serve_with_incoming_shutdown(incoming, shutdown)

@@ -39,6 +39,9 @@ pub struct EngineSettings {
     /// Answers carry the request and the `metadata:` of the rules that admitted it
     /// (`rls.dynamic_metadata`; RLS's `dynamic_metadata`).
     pub dynamic_metadata: bool,
+    /// A decision's trace span names its descriptors (the keys); off, only the domain, the
+    /// rule and the outcome.
+    pub trace_keys: bool,
 }
 
 impl Default for EngineSettings {
@@ -55,6 +58,7 @@ impl Default for EngineSettings {
             shadow: false,
             quota_mode: false,
             dynamic_metadata: false,
+            trace_keys: false,
         }
     }
 }

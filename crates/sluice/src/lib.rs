@@ -66,6 +66,17 @@ pub use keyed::{
     Spawner, StaticQuotas, Task,
 };
 pub use limiter::RateLimiter;
+
+/// The `tracing` target of the spans sluice's crates open for export (a decision, a Redis call,
+/// a quota fetch, a rules poll), all at level `TRACE`: a subscriber that exports traces enables
+/// this target alone, and with none enabled each costs one level check.
+///
+/// ```
+/// // A filter that passes the exported spans alone:
+/// let exported = |target: &str| target == sluice::TRACE_TARGET;
+/// assert!(exported("sluice::trace") && !exported("sluice::denied"));
+/// ```
+pub const TRACE_TARGET: &str = "sluice::trace";
 pub use quota::{DurationError, MAX_SCALED_BURST, Quota, QuotaError, parse_duration};
 #[cfg(feature = "wait")]
 pub use wait::TokioClock;
