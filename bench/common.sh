@@ -92,6 +92,19 @@ ticks() { # pids
 }
 
 # The median of the numbers on stdin, one per line.
+# Builds revision REV's sluice (its sources under target/baseline/src-REV, its build in a
+# target directory of its own: two revisions' crates share names and versions, and cargo does
+# not tell their builds apart in one directory) and prints the binary's path.
+baseline_binary() { # rev
+  local rev src
+  rev=$(git rev-parse --short "$1")
+  src="target/baseline/src-$rev"
+  [ -d "$src" ] || { mkdir -p "$src"; git archive "$rev" | tar -x -C "$src"; }
+  CARGO_TARGET_DIR="$PWD/target/baseline/target-$rev" cargo build --release -q -p sluice-cli \
+    --manifest-path "$src/Cargo.toml" >&2
+  echo "target/baseline/target-$rev/release/sluice"
+}
+
 median() {
   sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'
 }

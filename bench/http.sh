@@ -72,14 +72,10 @@ NO_FIELDS_URL=$url; no_fields_pid=$pid
 start_sluice sluice-metrics
 METRICS_URL=$url; metrics_pid=$pid
 if [ -n "${BASELINE:-}" ]; then
-  # The revision's sources and build, under target/baseline (kept between runs).
-  rev=$(git rev-parse --short "$BASELINE")
-  src="target/baseline/src-$rev"
-  [ -d "$src" ] || { mkdir -p "$src"; git archive "$rev" | tar -x -C "$src"; }
-  CARGO_TARGET_DIR="$PWD/target/baseline" cargo build --release -q -p sluice-cli \
-    --manifest-path "$src/Cargo.toml"
+  # The revision's build, under target/baseline (kept between runs).
+  BASELINE_BIN=$(baseline_binary "$BASELINE")
   cp "$tmp/sluice.yaml" "$tmp/baseline.yaml"
-  SLUICE_NOW=$SLUICE; SLUICE=target/baseline/release/sluice
+  SLUICE_NOW=$SLUICE; SLUICE=$BASELINE_BIN
   start_sluice baseline
   BASELINE_URL=$url; baseline_pid=$pid
   SLUICE=$SLUICE_NOW

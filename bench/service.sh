@@ -17,12 +17,16 @@
 # or errored h2load request, a gRPC status other than OK at the check before the run) stops
 # the script.
 #
+# With BASELINE=REV (a git revision) the same run also measures that revision's sluice (built
+# under target/baseline) on the two hot-key cases, and prints this build over it: a change's
+# cost as a ratio taken in one run (`BASELINE=HEAD~3 bench/service.sh`).
+#
 # Workers: WORKERS=1 (the default): each server runs one worker (`sluice serve --threads 1`,
 # throttlecrab with TOKIO_WORKER_THREADS=1), so on a 2-core machine the server has a core and
 # the client the other; WORKERS=all: each runs one per core, sharing them with the client.
 #
 # Usage: bench/service.sh [ROUNDS]   (default 3; DURATION=10s, CONNECTIONS=100 for wrk,
-# H2_CONNECTIONS=10 and H2_STREAMS=10 for h2load, WORKERS=1 in the environment)
+# H2_CONNECTIONS=10 and H2_STREAMS=10 for h2load, WORKERS=1, BASELINE in the environment)
 # Installs wrk, nghttp2-client and protobuf-compiler from Debian if missing (needs root or
 # sudo), and throttlecrab-server with `cargo install --root target/bench-tools`.
 set -euo pipefail
@@ -35,7 +39,8 @@ CONNECTIONS=${CONNECTIONS:-100}
 H2_CONNECTIONS=${H2_CONNECTIONS:-10}
 H2_STREAMS=${H2_STREAMS:-10}
 WORKERS=${WORKERS:-1}
-PORT=${PORT:-18690} # sluice: PORT (its demo), +1 RLS, +2 check API; throttlecrab: +3 HTTP, +4 gRPC
+PORT=${PORT:-18690} # sluice: PORT (its demo), +1 RLS, +2 check API; throttlecrab: +3 HTTP, +4 gRPC;
+# the baseline: +5, +6 RLS, +7 check API
 THROTTLECRAB_VERSION=0.4.40
 case "$WORKERS" in
   1) sluice_threads=(--threads 1); tokio_workers=1 ;;
@@ -78,6 +83,15 @@ YAML
 sluice_pid=$!
 pids+=("$sluice_pid")
 listening_url "$tmp/sluice.out" "$tmp/sluice.err" >/dev/null
+if [ -n "${BASELINE:-}" ]; then
+  BASELINE_BIN=$(baseline_binary "$BASELINE")
+  sed -e "s/:$PORT\$/:$((PORT + 5))/" -e "s/:$((PORT + 1))}/:$((PORT + 6))}/" -e "s/:$((PORT + 2))}/:$((PORT + 7))}/" \
+    "$tmp/sluice.yaml" >"$tmp/baseline.yaml"
+  "$BASELINE_BIN" serve "${sluice_threads[@]}" --config "$tmp/baseline.yaml" >"$tmp/baseline.out" 2>"$tmp/baseline.err" &
+  baseline_pid=$!
+  pids+=("$baseline_pid")
+  listening_url "$tmp/baseline.out" "$tmp/baseline.err" >/dev/null
+fi
 
 TOKIO_WORKER_THREADS=$tokio_workers "$THROTTLECRAB" --http --http-host 127.0.0.1 --http-port $((PORT + 3)) \
   --grpc --grpc-host 127.0.0.1 --grpc-port $((PORT + 4)) --store-capacity 1000000 --log-level warn \
@@ -172,6 +186,15 @@ cases=(
   "sluice /v1/check, 100k keys|wrk|$API_URL|$tmp/sluice-100k.lua|$sluice_pid"
   "throttlecrab /throttle, 100k keys|wrk|$CRAB_HTTP_URL|$tmp/crab-100k.lua|$crab_pid"
 )
+if [ -n "${BASELINE:-}" ]; then
+  BASE_RLS_URL="http://127.0.0.1:$((PORT + 6))/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+  BASE_API_URL="http://127.0.0.1:$((PORT + 7))/v1/check"
+  check_grpc "$BASE_RLS_URL" "$tmp/sluice.grpc"
+  cases+=(
+    "$BASELINE RLS gRPC, hot key|h2|$BASE_RLS_URL|$tmp/sluice.grpc|$baseline_pid"
+    "$BASELINE /v1/check, hot key|wrk|$BASE_API_URL|$tmp/sluice-hot.lua|$baseline_pid"
+  )
+fi
 
 # Prints "decisions/s p50_ms p99_ms decisions" for one run; exits on any error.
 run_h2() { # url body seconds
@@ -246,7 +269,7 @@ printf '|%s|%s|%s|%s|%s|%s|%s|\n' "------------------------------------" "------
   "---------:" "---------:" "------------------:" "----------------:" "----------------:"
 for i in "${!cases[@]}"; do
   IFS='|' read -r name _ <<<"${cases[$i]}"
-  if ((i % 2 == 0)); then
+  if ((i % 2 == 0 && i < 6)); then
     speed=$(printf '%.2f' "$(ratio "$i" 2)")
     cost=$(printf '%.2f' "$(ratio "$i" 6)")
   else
@@ -255,3 +278,15 @@ for i in "${!cases[@]}"; do
   printf '| %-34s | %12.0f | %8.3f | %8.3f | %17.2f | %15s | %15s |\n' \
     "$name" "$(of "$i" 2)" "$(of "$i" 3)" "$(of "$i" 4)" "$(of "$i" 6)" "$speed" "$cost"
 done
+if [ -n "${BASELINE:-}" ]; then
+  # This build over the baseline's, within each round: RLS (case 0 / 6), check API (2 / 7).
+  of_pair() { # now base field
+    awk -v a="$1" -v b="$2" -v f="$3" '$1 == a {x[$7] = $f} $1 == b {y[$7] = $f} END {for (r in x) print x[r] / y[r]}' \
+      "$tmp/results" | median
+  }
+  echo
+  for pair in "0 6 RLS" "2 7 check API"; do
+    read -r now base what <<<"$pair"
+    echo "$what, this build / $BASELINE (median over rounds): decisions/s $(of_pair "$now" "$base" 2), CPU per decision $(of_pair "$now" "$base" 6)"
+  done
+fi
