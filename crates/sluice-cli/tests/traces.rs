@@ -322,6 +322,47 @@ fn the_spans_held_at_sigterm_are_sent_before_the_process_exits() {
 }
 
 #[test]
+fn a_collector_that_is_down_costs_no_request_and_does_not_hold_the_exit() {
+    // A port nothing listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let dir = TempDir::new();
+    std::fs::create_dir_all(dir.path().join("rules")).unwrap();
+    dir.write("rules/edge.yaml", RULES);
+    let config = format!(
+        "rules: rules\nrls: {{listen: 127.0.0.1:0}}\ndrain_delay: 0s\notlp: {{endpoint: 'http://{closed}'}}\n"
+    );
+    let file = dir.write("sluice.yaml", &config);
+    let mut server = Server::start_with_env(
+        &["--config", file.to_str().unwrap()],
+        &[("OTEL_BSP_SCHEDULE_DELAY", "50")],
+    );
+    let rls = server.rls.unwrap();
+    for i in 0..20 {
+        let traceparent = format!("00-{}-{}-01", hex(&[0x33; 16]), hex(&[0x44; 8]));
+        assert_eq!(
+            should_rate_limit(rls, &format!("user{i}"), &traceparent),
+            1,
+            "request {i}"
+        );
+    }
+    let stopping = std::time::Instant::now();
+    assert!(server.signal("TERM").success(), "{}", server.stderr());
+    // The flush at exit gives up within its 5 s.
+    assert!(
+        stopping.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        stopping.elapsed()
+    );
+    let log = server.stderr();
+    assert!(!log.contains("panicked"), "{log}");
+    // The operator is told the spans are lost.
+    assert!(log.contains("ERROR") && log.to_lowercase().contains("export"), "{log}");
+}
+
+#[test]
 fn a_bad_endpoint_is_refused_naming_its_variable() {
     let dir = TempDir::new();
     let file = dir.write("sluice.yaml", "otlp: {endpoint: 'collector:4317'}\n");
