@@ -282,8 +282,9 @@ fn keys_when_asked_the_callers_sampling_the_check_api_and_the_http_listener() {
     assert_eq!(decision.parent_span_id, request.span_id);
     assert_eq!(attribute(decision, "descriptors").as_deref(), Some("user=carol"));
 
-    // The HTTP listener, with no caller's trace: a trace of its own.
-    let response = server.client().get("/", &[("x-account-id", "alice")]);
+    // The HTTP listener, with a caller's trace it cannot read: a trace of its own.
+    let garbled = [("x-account-id", "alice"), ("traceparent", "00-not-a-trace-id-01")];
+    let response = server.client().get("/", &garbled);
     assert_eq!(response.status, 200, "{response:?}");
     wait_until("the HTTP request's spans", || {
         receiver
