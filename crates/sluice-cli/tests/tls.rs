@@ -11,52 +11,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use common::certs::Ca;
 use common::{RulesService, Server, TempDir, wait_until};
-use rcgen::{BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, KeyPair, SanType};
+use rcgen::ExtendedKeyUsagePurpose;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-
-/// A certificate authority made for one test.
-struct Ca {
-    cert: rcgen::Certificate,
-    key: KeyPair,
-}
-
-impl Ca {
-    fn new() -> Self {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        // A name of its own: a leaf named as its issuer reads as self-signed to OpenSSL.
-        params.distinguished_name = rcgen::DistinguishedName::new();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "sluice test CA");
-        let key = KeyPair::generate().unwrap();
-        let cert = params.self_signed(&key).unwrap();
-        Self { cert, key }
-    }
-
-    /// A certificate for `names` (and 127.0.0.1), for a server or a client: (cert PEM, key PEM).
-    fn issue(&self, names: &[&str], usage: ExtendedKeyUsagePurpose) -> (String, String) {
-        let mut params =
-            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap();
-        params
-            .subject_alt_names
-            .push(SanType::IpAddress("127.0.0.1".parse().unwrap()));
-        params.extended_key_usages = vec![usage];
-        params.distinguished_name = rcgen::DistinguishedName::new();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, names[0]);
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.cert, &self.key).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-
-    fn pem(&self) -> String {
-        self.cert.pem()
-    }
-}
 
 /// A TLS client of `ca`'s servers, with a client certificate if given.
 fn client_config(ca: &Ca, identity: Option<&(String, String)>) -> Arc<rustls::ClientConfig> {

@@ -2,7 +2,8 @@
 //! (`opentelemetry-proto`'s gRPC server): an RLS decision on a real `redis-server` arrives as
 //! a request span continuing the caller's `traceparent`, its decision span, and the decision's
 //! Redis call, each the child of the one before; keys appear only when asked; a caller that
-//! says "not sampled" is not traced; the check API and the HTTP listener are traced too.
+//! says "not sampled" is not traced; the check API and the HTTP listener are traced too; an
+//! `https://` collector is reached trusting `client_tls.ca`.
 
 mod common;
 #[path = "../../sluice-redis/tests/support/mod.rs"]
@@ -58,6 +59,16 @@ struct Receiver {
 
 impl Receiver {
     fn start() -> Self {
+        Self::serving(None)
+    }
+
+    /// [`Receiver::start`], over TLS with the certificate `cert` and key `key` (PEM).
+    fn start_tls(cert: &str, key: &str) -> Self {
+        let identity = tonic::transport::Identity::from_pem(cert, key);
+        Self::serving(Some(tonic::transport::ServerTlsConfig::new().identity(identity)))
+    }
+
+    fn serving(tls: Option<tonic::transport::ServerTlsConfig>) -> Self {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -71,7 +82,11 @@ impl Receiver {
         let service = TraceServiceServer::new(collector.clone());
         runtime.spawn(async move {
             let incoming = tonic::transport::server::TcpIncoming::from(listener);
-            tonic::transport::Server::builder()
+            let mut server = tonic::transport::Server::builder();
+            if let Some(tls) = tls {
+                server = server.tls_config(tls).unwrap();
+            }
+            server
                 .add_service(service)
                 .serve_with_incoming(incoming)
                 .await
@@ -360,7 +375,36 @@ fn a_collector_that_is_down_costs_no_request_and_does_not_hold_the_exit() {
     let log = server.stderr();
     assert!(!log.contains("panicked"), "{log}");
     // The operator is told the spans are lost.
-    assert!(log.contains("ERROR") && log.to_lowercase().contains("export"), "{log}");
+    assert!(
+        log.contains("ERROR") && log.to_lowercase().contains("export"),
+        "{log}"
+    );
+}
+
+#[test]
+fn an_https_collector_is_reached_trusting_client_tls_ca() {
+    let ca = common::certs::Ca::new();
+    let (cert, key) = ca.issue(&["localhost"], rcgen::ExtendedKeyUsagePurpose::ServerAuth);
+    let receiver = Receiver::start_tls(&cert, &key);
+    let dir = TempDir::new();
+    let ca_file = dir.write("ca.pem", &ca.pem());
+    std::fs::create_dir_all(dir.path().join("rules")).unwrap();
+    dir.write("rules/edge.yaml", RULES);
+    let config = format!(
+        "rules: rules\nrls: {{listen: 127.0.0.1:0}}\nclient_tls: {{ca: {}}}\notlp: {{endpoint: 'https://localhost:{}'}}\n",
+        ca_file.display(),
+        receiver.addr.port()
+    );
+    let file = dir.write("sluice.yaml", &config);
+    let server = Server::start_with_env(
+        &["--config", file.to_str().unwrap()],
+        &[("OTEL_BSP_SCHEDULE_DELAY", "100")],
+    );
+    let trace_id = [0x7e_u8; 16];
+    let traceparent = format!("00-{}-{}-01", hex(&trace_id), hex(&[0x05; 8]));
+    assert_eq!(should_rate_limit(server.rls.unwrap(), "erin", &traceparent), 1);
+    let spans = receiver.trace(&trace_id, 2);
+    named(&spans, "sluice.decision");
 }
 
 #[test]

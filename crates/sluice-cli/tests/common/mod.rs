@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod certs;
 pub mod fault;
 
 use std::io::{BufRead, BufReader, Read, Write};
