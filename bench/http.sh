@@ -7,7 +7,9 @@
 #                              own cost, without the fields' cost)
 #   sluice limited, denied     alice@example.com at 1/s, as in the demo's wrk run (nearly every answer 429)
 #   sluice bypass (control)    admin@example.com: the same server, the limiter skipped
-#   nginx limit_req            limit_req keyed by X-Account-ID at 1r/s (nearly every answer 429)
+#   nginx limit_req            limit_req keyed by X-Account-ID at 1r/s (nearly every answer 429),
+#                              refusals not logged (limit_req_log_level info under error_log
+#                              warn; before 2026-11-27 nginx wrote an error-log line for each)
 #   nginx no limit             the same nginx, no limit_req
 #   ... denied, metrics on     the denied case on a third sluice with its admin listener (every
 #                              decision counted per rule and timed), with its ratio to the
@@ -99,6 +101,9 @@ http {
   server {
     listen 127.0.0.1:$NGINX_LIMITED_PORT;
     limit_req_status 429;
+    # Refusals logged at info, below the error log's warn: nginx writes no line per refusal,
+    # as sluice writes at most denied_log (5) a second.
+    limit_req_log_level info;
     location / { limit_req zone=accounts; try_files /nonexistent @hello; }
     location @hello { return 200 "Hello World!"; }
   }
