@@ -9,9 +9,9 @@
 use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
-use std::time::Instant;
+use std::time::Duration;
 
-use sluice::TRACE_TARGET;
+use sluice::{Clock, MonotonicClock, TRACE_TARGET};
 use sluice_descriptors::{Limit, Rule, metric_label};
 use tracing::{Instrument, Span, field::Empty};
 
@@ -19,7 +19,7 @@ use crate::answer::{Outcome, Status};
 use crate::counters::push_counter;
 use crate::engine::Engine;
 use crate::generation::Generation;
-use crate::request::{Descriptor, Request, RequestError, descriptor_key};
+use crate::request::{Descriptor, Request, RequestError, descriptor_key, write_descriptor_key};
 use crate::stats::FrontEnd;
 use crate::store::{Count, Counted, Denial, Tally};
 
@@ -83,7 +83,8 @@ impl Engine {
             span.record("outcome", "invalid");
             return Decided::Ready(Err(e));
         }
-        let started = (self.settings.observe && front.is_some()).then(Instant::now);
+        // The time-stamp counter where it is the kernel's clock: half an `Instant`'s cost.
+        let started = (self.settings.observe && front.is_some()).then(|| MonotonicClock.now());
         {
             let generation = self.current.load();
             if generation.store.answers_now() {
@@ -253,14 +254,16 @@ impl Engine {
         (counts, statuses): (&[Count<'_>], &[Status<'_>]),
         denied: bool,
         peek: bool,
-        (front, started, span): (Option<FrontEnd>, Option<Instant>, &Span),
+        (front, started, span): (Option<FrontEnd>, Option<u64>, &Span),
         read: impl FnOnce(&Outcome<'_, '_>) -> T,
     ) -> T {
+        // One reading for the latency and the heavy hitters' window.
+        let now = started.map(|_| MonotonicClock.now());
         if !peek {
-            self.record(generation, request, counts, statuses);
+            self.record(generation, request, counts, statuses, now);
         }
-        if let (Some(front), Some(started)) = (front, started) {
-            self.record_latency(front, started.elapsed());
+        if let (Some(front), Some(started), Some(now)) = (front, started, now) {
+            self.record_latency(front, Duration::from_nanos(now.saturating_sub(started)));
         }
         if !span.is_disabled() {
             self.trace(span, request, statuses, denied);
@@ -275,14 +278,15 @@ impl Engine {
         })
     }
 
-    /// Counts each limited status of a decided request under its rule, and logs a denial
-    /// (paced).
+    /// Counts each limited status of a decided request under its rule (at `now`, when the
+    /// decision was timed), and logs a denial (paced).
     fn record(
         &self,
         generation: &Generation,
         request: Request<'_>,
         counts: &[Count<'_>],
         statuses: &[Status<'_>],
+        now: Option<u64>,
     ) {
         for (count, status) in counts.iter().zip(statuses) {
             let (Some(rule), Some(descriptor)) = (status.rule, request.descriptors.get(count.index)) else {
@@ -296,8 +300,8 @@ impl Engine {
                 continue;
             }
             if let Some(stats) = generation.stats.get(&rule.id) {
-                stats.record(descriptor.hits, over, rule.shadow_mode, || {
-                    Some(descriptor_key(descriptor.entries))
+                stats.record(descriptor.hits, over, rule.shadow_mode, now, |key| {
+                    write_descriptor_key(descriptor.entries, key);
                 });
                 if let Some(label) = metric_label(rule, descriptor.entries) {
                     stats.record_label(label, descriptor.hits, over, rule.shadow_mode);

@@ -229,6 +229,12 @@ impl Request<'_> {
 /// A descriptor as the top keys and the denied log name it: `key=value,key=value`.
 pub(crate) fn descriptor_key(entries: &[Entry<'_>]) -> String {
     let mut key = String::new();
+    write_descriptor_key(entries, &mut key);
+    key
+}
+
+/// [`descriptor_key`], appended to `key`.
+pub(crate) fn write_descriptor_key(entries: &[Entry<'_>], key: &mut String) {
     for (i, entry) in entries.iter().enumerate() {
         if i > 0 {
             key.push(',');
@@ -237,5 +243,4 @@ pub(crate) fn descriptor_key(entries: &[Entry<'_>]) -> String {
         key.push('=');
         key.push_str(entry.value);
     }
-    key
 }

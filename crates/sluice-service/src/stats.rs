@@ -5,7 +5,9 @@
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use sluice::{Clock, MonotonicClock};
 
 /// A rule's decisions so far.
 ///
@@ -33,8 +35,9 @@ pub const MAX_LABELS: usize = 256;
 /// How many keys a rule's heavy-hitters table holds per window.
 pub const TOP_KEYS: usize = 32;
 
-/// How long one window of the heavy-hitters table lasts; a report covers the last two.
-const TOP_WINDOW: Duration = Duration::from_secs(30);
+/// How long one window of the heavy-hitters table lasts, in nanoseconds of
+/// [`MonotonicClock`]; a report covers the last two.
+const TOP_WINDOW: u64 = 30_000_000_000;
 
 /// One rule's counters, kept across reloads while the rule keeps its place.
 #[derive(Default)]
@@ -49,8 +52,16 @@ pub(crate) struct RuleStats {
 }
 
 impl RuleStats {
-    /// Counts one decision of `hits`; a denial's `key` goes into the heavy hitters.
-    pub(crate) fn record(&self, hits: u64, over: bool, shadow: bool, key: impl FnOnce() -> Option<String>) {
+    /// Counts one decision of `hits` at `now` ([`MonotonicClock`] nanoseconds, read here if
+    /// `None`); a denial's key, written by `key`, goes into the heavy hitters.
+    pub(crate) fn record(
+        &self,
+        hits: u64,
+        over: bool,
+        shadow: bool,
+        now: Option<u64>,
+        key: impl FnOnce(&mut String),
+    ) {
         self.hits.fetch_add(hits, Relaxed);
         let counter = match (over, shadow) {
             (false, _) => &self.allowed,
@@ -58,9 +69,14 @@ impl RuleStats {
             (true, false) => &self.denied,
         };
         counter.fetch_add(1, Relaxed);
-        if over && let Some(key) = key() {
+        if over {
             let mut top = self.top.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            top.count(key, Instant::now());
+            // Written into the table's own buffer: a key already held allocates nothing.
+            let mut text = std::mem::take(&mut top.scratch);
+            text.clear();
+            key(&mut text);
+            top.count(&text, now.unwrap_or_else(|| MonotonicClock.now()));
+            top.scratch = text;
         }
     }
 
@@ -110,7 +126,7 @@ impl RuleStats {
     /// by up to the smallest count the table held: space-saving's bound).
     pub(crate) fn top(&self, n: usize) -> Vec<(String, u64)> {
         let mut top = self.top.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        top.rotate(Instant::now());
+        top.rotate(MonotonicClock.now());
         let mut merged: Vec<(String, u64)> = top.previous.entries.clone();
         for (key, count) in &top.current.entries {
             match merged.iter_mut().find(|(k, _)| k == key) {
@@ -127,15 +143,17 @@ impl RuleStats {
 /// The current window and the one before it.
 #[derive(Default)]
 struct TopWindows {
-    started: Option<Instant>,
+    started: Option<u64>,
     current: SpaceSaving,
     previous: SpaceSaving,
+    /// Where a denial's key is written before it is looked up.
+    scratch: String,
 }
 
 impl TopWindows {
-    fn rotate(&mut self, now: Instant) {
+    fn rotate(&mut self, now: u64) {
         let started = *self.started.get_or_insert(now);
-        let age = now.saturating_duration_since(started);
+        let age = now.saturating_sub(started);
         if age >= TOP_WINDOW * 2 {
             // Nothing for two windows: both are old.
             self.previous = SpaceSaving::default();
@@ -147,7 +165,7 @@ impl TopWindows {
         }
     }
 
-    fn count(&mut self, key: String, now: Instant) {
+    fn count(&mut self, key: &str, now: u64) {
         self.rotate(now);
         self.current.count(key);
     }
@@ -162,17 +180,20 @@ struct SpaceSaving {
 }
 
 impl SpaceSaving {
-    fn count(&mut self, key: String) {
-        if let Some((_, count)) = self.entries.iter_mut().find(|(k, _)| *k == key) {
+    fn count(&mut self, key: &str) {
+        if let Some((_, count)) = self.entries.iter_mut().find(|(k, _)| k == key) {
             *count += 1;
             return;
         }
         if self.entries.len() < TOP_KEYS {
-            self.entries.push((key, 1));
+            self.entries.push((key.to_owned(), 1));
             return;
         }
-        if let Some(least) = self.entries.iter_mut().min_by_key(|(_, count)| *count) {
-            *least = (key, least.1 + 1);
+        if let Some((least, count)) = self.entries.iter_mut().min_by_key(|(_, count)| *count) {
+            // The place's own allocation, reused.
+            least.clear();
+            least.push_str(key);
+            *count += 1;
         }
     }
 }
@@ -264,10 +285,10 @@ mod tests {
         let mut table = SpaceSaving::default();
         // 100 000 distinct keys once each, and three heavy keys 5 000 times each.
         for i in 0..100_000u32 {
-            table.count(format!("k{i}"));
+            table.count(&format!("k{i}"));
             if i % 20 == 0 {
                 for heavy in ["alice", "bob", "carol"] {
-                    table.count(heavy.to_owned());
+                    table.count(heavy);
                 }
             }
         }
@@ -285,12 +306,12 @@ mod tests {
     #[test]
     fn the_top_covers_two_windows_and_forgets_older_ones() {
         let stats = RuleStats::default();
-        let start = Instant::now();
+        let start = MonotonicClock.now();
         let mut windows = TopWindows::default();
-        windows.count("old".into(), start);
-        windows.count("mid".into(), start + TOP_WINDOW);
-        windows.count("mid".into(), start + TOP_WINDOW);
-        windows.count("new".into(), start + TOP_WINDOW * 2);
+        windows.count("old", start);
+        windows.count("mid", start + TOP_WINDOW);
+        windows.count("mid", start + TOP_WINDOW);
+        windows.count("new", start + TOP_WINDOW * 2);
         // "old" was two windows ago: gone; "mid" in the previous window; "new" now.
         let keys: Vec<&str> = windows
             .previous
@@ -304,10 +325,10 @@ mod tests {
         assert!(windows.previous.entries.is_empty() && windows.current.entries.is_empty());
         // Through the rule's counters: denials only, merged and ordered.
         for key in ["a", "b", "b"] {
-            stats.record(1, true, false, || Some(key.to_owned()));
+            stats.record(1, true, false, None, |text| text.push_str(key));
         }
-        stats.record(3, false, false, || Some("c".to_owned()));
-        stats.record(1, true, true, || Some("b".to_owned()));
+        stats.record(3, false, false, None, |text| text.push_str("c"));
+        stats.record(1, true, true, None, |text| text.push_str("b"));
         assert_eq!(stats.top(10), [("b".to_owned(), 3), ("a".to_owned(), 1)]);
         assert_eq!(
             stats.counts(),
