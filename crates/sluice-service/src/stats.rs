@@ -327,8 +327,8 @@ mod tests {
         for key in ["a", "b", "b"] {
             stats.record(1, true, false, None, |text| text.push_str(key));
         }
-        stats.record(3, false, false, None, |text| text.push_str("c"));
-        stats.record(1, true, true, None, |text| text.push_str("b"));
+        stats.record(3, false, false, None, |text| text.push('c'));
+        stats.record(1, true, true, None, |text| text.push('b'));
         assert_eq!(stats.top(10), [("b".to_owned(), 3), ("a".to_owned(), 1)]);
         assert_eq!(
             stats.counts(),
