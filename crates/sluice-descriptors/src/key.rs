@@ -36,41 +36,98 @@ pub(crate) fn push_escaped(out: &mut String, text: &str) {
 /// use sluice_descriptors::RuleSet;
 /// let rules = RuleSet::from_yaml("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n")?;
 /// let id = &rules.rules().next().unwrap().id;
-/// assert_eq!(sluice_descriptors::RuleId::from_string(id.as_str().to_owned()), *id);
+/// let same = sluice_descriptors::RuleId::from_string(id.as_str().to_owned());
+/// assert_eq!(same, *id);
+/// // Equal ids hash alike; another place is another id.
+/// use std::hash::BuildHasher;
+/// let hasher = std::hash::RandomState::new();
+/// assert_eq!(hasher.hash_one(&same), hasher.hash_one(id));
+/// assert_ne!(sluice_descriptors::RuleId::from_string(format!("{}x", id.as_str())), *id);
 /// # Ok::<(), sluice_descriptors::RulesError>(())
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RuleId(std::sync::Arc<str>);
+#[derive(Clone)]
+pub struct RuleId {
+    text: std::sync::Arc<str>,
+    /// The text's hash, taken once: every decision finds its rule's statistics and field
+    /// policy by id, and a long id hashed each time cost more than the lookup.
+    hash: u64,
+}
+
+/// The hasher of every id's text: seeded at random once per process, so ids that collide
+/// cannot be written in advance.
+fn id_hasher() -> &'static foldhash::quality::RandomState {
+    static HASHER: std::sync::OnceLock<foldhash::quality::RandomState> = std::sync::OnceLock::new();
+    HASHER.get_or_init(foldhash::quality::RandomState::default)
+}
+
+impl PartialEq for RuleId {
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash && self.text == other.text
+    }
+}
+
+impl Eq for RuleId {}
+
+impl std::hash::Hash for RuleId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+impl PartialOrd for RuleId {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for RuleId {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.text.cmp(&other.text)
+    }
+}
+
+impl std::fmt::Debug for RuleId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("RuleId").field(&self.text).finish()
+    }
+}
 
 impl RuleId {
+    fn new(text: std::sync::Arc<str>) -> Self {
+        use std::hash::BuildHasher;
+        let hash = id_hasher().hash_one(&*text);
+        Self { text, hash }
+    }
+
     /// Its text.
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.text
     }
 
     /// The id whose text is `text` (as [`RuleId::as_str`] gave it).
     pub fn from_string(text: String) -> Self {
-        Self(text.into())
+        Self::new(text.into())
     }
 
     /// The id of the domain's top level.
     pub(crate) fn domain(name: &str) -> Self {
         let mut text = String::with_capacity(name.len());
         push_escaped(&mut text, name);
-        Self(text.into())
+        Self::new(text.into())
     }
 
     /// The id of a child of this place.
     pub(crate) fn child(&self, key: &str, value: Option<&str>) -> Self {
-        let mut text = String::with_capacity(self.0.len() + key.len() + value.map_or(0, |v| v.len() + 1) + 1);
-        text.push_str(&self.0);
+        let mut text =
+            String::with_capacity(self.text.len() + key.len() + value.map_or(0, |v| v.len() + 1) + 1);
+        text.push_str(&self.text);
         text.push(LEVEL);
         push_escaped(&mut text, key);
         if let Some(value) = value {
             text.push(PAIR);
             push_escaped(&mut text, value);
         }
-        Self(text.into())
+        Self::new(text.into())
     }
 }
 
@@ -89,7 +146,7 @@ impl std::fmt::Display for RuleId {
         use std::fmt::Write;
         let mut escaped = false;
         let mut level = 0;
-        for c in self.0.chars() {
+        for c in self.text.chars() {
             if escaped {
                 escaped = false;
                 f.write_char(c)?;
@@ -127,7 +184,7 @@ impl std::fmt::Display for RuleId {
 /// ```
 pub fn counter_key(rule: &Rule, entries: &[Entry<'_>]) -> String {
     let size: usize = entries.iter().map(|e| e.key.len() + e.value.len() + 2).sum();
-    let mut key = String::with_capacity(rule.id.0.len() + 1 + size);
+    let mut key = String::with_capacity(rule.id.text.len() + 1 + size);
     push_counter_key(&mut key, rule, entries);
     key
 }
@@ -146,7 +203,7 @@ pub fn counter_key(rule: &Rule, entries: &[Entry<'_>]) -> String {
 /// # Ok::<(), sluice_descriptors::RulesError>(())
 /// ```
 pub fn push_counter_key(key: &mut String, rule: &Rule, entries: &[Entry<'_>]) {
-    key.push_str(&rule.id.0);
+    key.push_str(&rule.id.text);
     key.push(COUNTER);
     // Every descriptor an exact rule matches counts alike: its place names its one counter.
     if rule.exact {
@@ -272,7 +329,7 @@ pub fn rule_of(counter_key: &str) -> Option<RuleId> {
         } else if c == ESCAPE {
             escaped = true;
         } else if c == COUNTER {
-            return Some(RuleId(counter_key[..at].into()));
+            return Some(RuleId::new(counter_key[..at].into()));
         }
     }
     None
