@@ -247,10 +247,18 @@ fn level_bit(i: usize) -> u32 {
 /// assert_eq!(metric_label(rule, &entries).as_deref(), Some("user_alice.path"));
 /// # Ok::<(), sluice_descriptors::RulesError>(())
 /// ```
+#[inline]
 pub fn metric_label(rule: &Rule, entries: &[Entry<'_>]) -> Option<String> {
+    // Checked where it is called: most rules have no per-value series, and every decision
+    // asks.
     if !rule.detailed_metric && rule.value_to_metric_levels == 0 {
         return None;
     }
+    Some(label_of(rule, entries))
+}
+
+/// The label of a rule with per-value series.
+fn label_of(rule: &Rule, entries: &[Entry<'_>]) -> String {
     let mut label = String::new();
     for (i, entry) in entries.iter().enumerate() {
         if i > 0 {
@@ -271,7 +279,7 @@ pub fn metric_label(rule: &Rule, entries: &[Entry<'_>]) -> Option<String> {
             label.push_str(value);
         }
     }
-    Some(label)
+    label
 }
 
 /// The value of the last entry a counter key was made of (unescaped); `None` for an exact
