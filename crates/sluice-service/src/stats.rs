@@ -151,6 +151,7 @@ struct TopWindows {
 }
 
 impl TopWindows {
+    #[inline]
     fn rotate(&mut self, now: u64) {
         let started = *self.started.get_or_insert(now);
         let age = now.saturating_sub(started);
@@ -228,6 +229,17 @@ pub const LATENCY_BUCKETS: [f64; 14] = [
     5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 1.0,
 ];
 
+/// [`LATENCY_BUCKETS`] in whole nanoseconds: a decision is placed by integer compares.
+const LATENCY_BUCKETS_NS: [u64; LATENCY_BUCKETS.len()] = {
+    let mut ns = [0; LATENCY_BUCKETS.len()];
+    let mut i = 0;
+    while i < ns.len() {
+        ns[i] = (LATENCY_BUCKETS[i] * 1e9 + 0.5) as u64;
+        i += 1;
+    }
+    ns
+};
+
 /// A latency histogram of fixed buckets ([`LATENCY_BUCKETS`]), lock-free.
 #[derive(Default)]
 pub(crate) struct Latency {
@@ -250,14 +262,13 @@ pub struct LatencySnapshot {
 
 impl Latency {
     pub(crate) fn record(&self, took: Duration) {
-        let seconds = took.as_secs_f64();
-        let bucket = LATENCY_BUCKETS
+        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        let bucket = LATENCY_BUCKETS_NS
             .iter()
-            .position(|bound| seconds <= *bound)
+            .position(|bound| nanos <= *bound)
             .unwrap_or(LATENCY_BUCKETS.len());
         self.buckets[bucket].fetch_add(1, Relaxed);
-        self.sum_ns
-            .fetch_add(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX), Relaxed);
+        self.sum_ns.fetch_add(nanos, Relaxed);
     }
 
     pub(crate) fn snapshot(&self) -> LatencySnapshot {
@@ -353,5 +364,20 @@ mod tests {
         assert_eq!(snapshot.buckets[3], (5e-5, 2));
         assert_eq!(snapshot.buckets.last(), Some(&(1.0, 2)));
         assert!((snapshot.sum_seconds - 3.000_033).abs() < 1e-9);
+        // Each bound in nanoseconds is the bound in seconds, and holds its own value: a
+        // decision as long as a bound is counted in that bound's bucket, a nanosecond more in
+        // the next.
+        for (i, (&seconds, &nanos)) in LATENCY_BUCKETS.iter().zip(&LATENCY_BUCKETS_NS).enumerate() {
+            assert_eq!(Duration::from_nanos(nanos).as_secs_f64(), seconds);
+            let at = Latency::default();
+            at.record(Duration::from_nanos(nanos));
+            at.record(Duration::from_nanos(nanos + 1));
+            let buckets = at.snapshot().buckets;
+            assert_eq!(buckets[i].1, 1, "bucket {i}");
+            assert_eq!(
+                i.checked_sub(1).map(|before| buckets[before].1),
+                i.checked_sub(1).map(|_| 0)
+            );
+        }
     }
 }
