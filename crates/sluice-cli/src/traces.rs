@@ -111,6 +111,9 @@ impl Traces {
     }
 }
 
+/// W3C trace context's field, named once (a `&str` name is parsed at each lookup).
+static TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
+
 /// The span a request is served in, named `name`, continuing the trace its `traceparent`
 /// names (if it names one); an unreadable one starts a new trace.
 pub(crate) fn request_span(name: &str, headers: &HeaderMap) -> Span {
@@ -120,7 +123,7 @@ pub(crate) fn request_span(name: &str, headers: &HeaderMap) -> Span {
         otel.name = name,
         otel.kind = "server",
     );
-    if !span.is_disabled() && headers.contains_key("traceparent") {
+    if !span.is_disabled() && headers.contains_key(&TRACEPARENT) {
         let parent = TraceContextPropagator::new().extract(&Headers(headers));
         // Fails only for a span the exporter does not see, which this is not.
         let _ = span.set_parent(parent);
