@@ -21,12 +21,13 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy)]
 #[must_use = "a decision says whether the request may proceed"]
 pub struct Decision {
-    allowed: bool,
     limit: u64,
     /// `remaining × unit`, plus a fraction of a unit.
     remaining: u64,
     /// The times below, in units of `1/scale` ns.
     reset_after_ns: u64,
+    /// Zero exactly when the request was admitted: the admission is not stored apart, which
+    /// keeps the decision seven words with no padding to copy.
     retry_after_ns: u64,
     delay_ns: u64,
     /// Divisors applied when read, so a check does no division it may not need.
@@ -53,7 +54,6 @@ impl Decision {
     /// `reset_after_ns`.
     pub const fn allowed(limit: u64, remaining: u64, reset_after_ns: u64) -> Self {
         Self {
-            allowed: true,
             limit,
             remaining,
             reset_after_ns,
@@ -68,7 +68,6 @@ impl Decision {
     /// so a denial never tells a client to retry at once).
     pub const fn denied(limit: u64, remaining: u64, reset_after_ns: u64, retry_after_ns: u64) -> Self {
         Self {
-            allowed: false,
             limit,
             remaining,
             reset_after_ns,
@@ -90,7 +89,7 @@ impl Decision {
 
     fn key(&self) -> (bool, u64, u64, u64, u64, u64) {
         (
-            self.allowed,
+            self.is_allowed(),
             self.limit,
             self.remaining(),
             self.reset_after_nanos(),
@@ -107,7 +106,7 @@ impl Decision {
 
     /// Whether the request was admitted.
     pub const fn is_allowed(&self) -> bool {
-        self.allowed
+        self.retry_after_ns == 0
     }
 
     /// The capacity of the limit (the most that can be admitted at once).

@@ -12,7 +12,7 @@ use reclaim::Pinned;
 use crate::algorithm::succeed;
 use crate::chain::Receipt;
 use crate::stable::StableBox;
-use crate::sync::atomic::{AtomicPtr, Ordering};
+use crate::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use crate::sync::{Mutex, lock};
 use crate::{Algorithm, CheckError, Clock, Decision, MonotonicClock, Quota, QuotaError};
 
@@ -36,7 +36,15 @@ use crate::{Algorithm, CheckError, Clock, Decision, MonotonicClock, Quota, Quota
 pub struct RateLimiter<A: Algorithm, C: Clock = MonotonicClock> {
     algorithm: A,
     clock: C,
-    /// The limit in force: `installed.current`'s.
+    /// The limit the limiter was built with, inline: until it is replaced (most limiters never
+    /// are), a check reads it without announcing it or following a pointer. It is never freed
+    /// before the limiter nor reused, and once retired its state stays `RETIRED`.
+    first: Limit<A>,
+    /// Clock readings past `first`'s epoch below this one are decided on `first` directly:
+    /// its span plus one while it is in force, 0 once it was replaced (an algorithm that
+    /// keeps no state, [`crate::Unmetered`], cannot refuse a check once retired).
+    first_bound: AtomicU64,
+    /// The limit in force once `first` was replaced (`installed.current`'s); null before.
     current: AtomicPtr<Limit<A>>,
     /// The limit in force and those retired that a check may still be reading. The mutex
     /// serializes replacements; checks never take it.
@@ -45,8 +53,9 @@ pub struct RateLimiter<A: Algorithm, C: Clock = MonotonicClock> {
 
 /// The limits a direct limiter owns.
 struct Installed<A: Algorithm> {
-    /// (`StableBox`: `RateLimiter::current` holds a pointer to it.)
-    current: StableBox<Limit<A>>,
+    /// (`StableBox`: `RateLimiter::current` holds a pointer to it.) `None` while the first
+    /// limit, held inline, is in force.
+    current: Option<StableBox<Limit<A>>>,
     /// Limits replaced (by a quota change or an epoch move): freed once no check names them
     /// (see `reclaim`).
     retired: Vec<StableBox<Limit<A>>>,
@@ -140,13 +149,18 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
         let params = algorithm.params(&quota)?;
         let state = algorithm.new_state(&params);
         reclaim::init();
-        let limit = StableBox::new(Limit::new(&algorithm, quota, params, clock.now(), state));
+        let first = Limit::new(&algorithm, quota, params, clock.now(), state);
+        // One unsigned compare of `now - epoch` (wrapping) against the bound tells a reading
+        // inside the span from both one before the epoch and one past it.
+        let first_bound = AtomicU64::new((first.last_valid - first.epoch).saturating_add(1));
         Ok(Self {
             algorithm,
             clock,
-            current: AtomicPtr::new(limit.as_non_null().as_ptr()),
+            first,
+            first_bound,
+            current: AtomicPtr::new(std::ptr::null_mut()),
             installed: Mutex::new(Installed {
-                current: limit,
+                current: None,
                 retired: Vec::new(),
                 reclaim_at: RECLAIM_AT,
                 #[cfg(test)]
@@ -198,6 +212,27 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
         now: impl Fn() -> u64,
         cost: u64,
     ) -> Result<(Decision, Receipt), CheckError> {
+        // The first limit needs no announcement: it lives as long as `self`. Only the
+        // algorithm's answer is taken from it, which a retired state refuses (`None`); a cost
+        // over its capacity may be under its successor's, and is answered there.
+        let first = &self.first;
+        let since_epoch = now().wrapping_sub(first.epoch);
+        if since_epoch < self.first_bound.load(Ordering::Acquire) && cost <= first.quota.capacity() {
+            let decision = self
+                .algorithm
+                .check(&first.params, &first.state, since_epoch, cost);
+            if let Some(decision) = decision {
+                return Ok((decision, Receipt::new(since_epoch, first.id)));
+            }
+        }
+        self.take_n_replaced(now, cost)
+    }
+
+    /// [`RateLimiter::take_n_with`] once the first limit was replaced (or is due to be): on the
+    /// limit `current` names, announced while it is read.
+    #[cold]
+    #[inline(never)]
+    fn take_n_replaced(&self, now: impl Fn() -> u64, cost: u64) -> Result<(Decision, Receipt), CheckError> {
         let mut pinned = reclaim::pin();
         loop {
             let limit = self.load(&mut pinned);
@@ -238,14 +273,18 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
 
     /// The limit in force, until `pinned` drops or loads again.
     #[inline(always)]
-    fn load<'p>(&self, pinned: &'p mut Pinned) -> &'p Limit<A> {
-        // SAFETY: `current` always holds the pointer of `installed.current`, freed only with
-        // the limiter (not while `&self` lives), or of one just retired, which is freed only by
-        // a scan that finds no slot naming it (`Installed::reclaim`); `protect` returns it
-        // named in this thread's slot until `pinned` drops or protects again, which the borrow
-        // rules out while the reference lives. Limits are never mutated except through their
-        // atomic state.
-        unsafe { &*pinned.protect(&self.current) }
+    fn load<'p>(&'p self, pinned: &'p mut Pinned) -> &'p Limit<A> {
+        let replaced = pinned.protect(&self.current);
+        if replaced.is_null() {
+            return &self.first;
+        }
+        // SAFETY: a non-null `current` holds the pointer of `installed.current`, freed only
+        // with the limiter (not while `&self` lives), or of one just retired, which is freed
+        // only by a scan that finds no slot naming it (`Installed::reclaim`); `protect` returns
+        // it named in this thread's slot until `pinned` drops or protects again, which the
+        // borrow rules out while the reference lives. Limits are never mutated except through
+        // their atomic state.
+        unsafe { &*replaced }
     }
 
     /// The algorithm of this limiter.
@@ -281,7 +320,7 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
     fn replace(&self, seen: *const Limit<A>, new: Option<(Quota, A::Params)>, now: u64) {
         let mut installed = lock(&self.installed);
         let installed = &mut *installed;
-        let current = &*installed.current;
+        let current = installed.current.as_deref().unwrap_or(&self.first);
         if new.is_none() && !std::ptr::eq(current, seen) {
             return; // another thread moved the epoch already
         }
@@ -306,8 +345,11 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
         ));
         self.current
             .store(successor.as_non_null().as_ptr(), Ordering::Release);
-        let retired = std::mem::replace(&mut installed.current, successor);
-        installed.retired.push(retired);
+        // The first limit is not freed: it stays inline, retired, and checks pass it by.
+        match installed.current.replace(successor) {
+            Some(retired) => installed.retired.push(retired),
+            None => self.first_bound.store(0, Ordering::Release),
+        }
         #[cfg(test)]
         {
             installed.installs += 1;

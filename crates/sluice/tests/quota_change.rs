@@ -1,7 +1,10 @@
 //! Changing the quota of a live limiter keeps what was consumed (capped at the new capacity).
 
+use std::time::Duration;
+
 use sluice::{
-    FixedWindow, ManualClock, Quota, RateLimiter, SlidingWindowCounter, SlidingWindowLog, TokenBucket,
+    Algorithm, FixedWindow, LeakyBucket, ManualClock, Quota, RateLimiter, SlidingWindowCounter, SlidingWindowLog,
+    TokenBucket, Unmetered,
 };
 
 fn quota(text: &str) -> Quota {
@@ -122,4 +125,40 @@ fn sliding_counter_keeps_its_counts_when_the_quota_is_the_same() {
     assert_eq!(limiter.check_n(0).unwrap().remaining(), 5);
     clock.advance_nanos(500_000_000);
     assert_eq!(limiter.check_n(0).unwrap().remaining(), 10);
+}
+
+/// A check still holding a state that a quota change retired must be refused, not decided on
+/// what the retirement left behind (the sliding log once left an empty, live log there).
+#[test]
+fn a_retired_state_refuses_every_check() {
+    fn refuses<A: Algorithm>(algorithm: A) {
+        let params = algorithm.params(&quota("4/s")).unwrap();
+        let state = algorithm.new_state(&params);
+        assert!(algorithm.check(&params, &state, 0, 3).unwrap().is_allowed());
+        let _ = algorithm.retire(&state);
+        for cost in [0, 1, 4] {
+            assert!(
+                algorithm.check(&params, &state, 1, cost).is_none(),
+                "{}: cost {cost} decided on a retired state",
+                algorithm.name()
+            );
+        }
+    }
+    refuses(TokenBucket);
+    refuses(LeakyBucket::meter());
+    refuses(LeakyBucket::shaper(Duration::from_secs(1)));
+    refuses(FixedWindow);
+    refuses(SlidingWindowCounter);
+    refuses(SlidingWindowLog);
+}
+
+/// `Unmetered` keeps no state to retire: after a change the limiter must still answer with the
+/// new quota, never the one it was built with.
+#[test]
+fn unmetered_answers_the_new_capacity_after_a_change() {
+    let limiter = RateLimiter::with_clock(Unmetered, quota("4/s"), ManualClock::new(0)).unwrap();
+    assert_eq!(limiter.check().limit(), 4);
+    limiter.set_quota(quota("9/s")).unwrap();
+    assert_eq!(limiter.check().limit(), 9);
+    assert_eq!(limiter.check_n(7).unwrap().limit(), 9);
 }

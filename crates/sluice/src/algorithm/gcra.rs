@@ -21,8 +21,9 @@ pub struct GcraParams {
     capacity: u64,
     /// Scaled length of the whole capacity (the burst tolerance).
     tau: u64,
-    /// Scaled delay a shaper may impose beyond the burst (0 for a meter).
-    max_delay: u64,
+    /// How far ahead the TAT may be after an admitted check: `tau` plus the scaled delay a
+    /// shaper may impose beyond the burst (nothing for a meter).
+    most_ahead: u64,
 }
 
 impl GcraParams {
@@ -44,7 +45,7 @@ impl GcraParams {
             p,
             capacity: quota.capacity(),
             tau,
-            max_delay,
+            most_ahead: tau + max_delay,
         };
         let how = || {
             format!(
@@ -85,15 +86,14 @@ pub(crate) fn check(params: &GcraParams, state: &GcraState, now: u64, cost: u64)
         let base = tat.max(t);
         let ahead = base - t;
         let new_ahead = ahead + cost_len;
-        let over = new_ahead.saturating_sub(params.tau);
-        if over > params.max_delay {
-            let retry = over - params.max_delay;
+        if new_ahead > params.most_ahead {
+            let retry = new_ahead - params.most_ahead;
             let denied = Decision::denied(params.capacity, params.room(ahead), ahead, retry);
             return Some(denied.scaled(params.p, params.c));
         }
         let allowed = |ahead| {
             Decision::allowed(params.capacity, params.room(ahead), ahead)
-                .with_delay(over)
+                .with_delay(new_ahead.saturating_sub(params.tau))
                 .scaled(params.p, params.c)
         };
         if cost == 0 {
@@ -123,7 +123,7 @@ pub(crate) fn carry_over(old: &GcraParams, tat: u64, new: &GcraParams, now: u64)
     // `now` may lie far past the horizon (a clock jump before an epoch move or a change): a
     // product past u64 is past any TAT, so nothing is ahead.
     let ahead = now.checked_mul(old.c).map_or(0, |t| tat.saturating_sub(t));
-    let cap = new.tau + new.max_delay; // below 2^61
+    let cap = new.most_ahead; // below 2^61
     let ahead = if (old.c, old.p) == (new.c, new.p) {
         ahead.min(cap)
     } else {

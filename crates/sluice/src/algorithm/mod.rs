@@ -73,7 +73,9 @@ pub trait Algorithm: Send + Sync + 'static {
     /// it if allowed. `None` means the state was retired: reload the limit and try again.
     fn check(&self, params: &Self::Params, state: &Self::State, now: u64, cost: u64) -> Option<Decision>;
 
-    /// Marks the state retired (later checks on it return `None`) and takes its value.
+    /// Marks the state retired (later checks on it return `None`) and takes its value. An
+    /// algorithm without state ([`Unmetered`]) has nothing to mark; the limiters do not count
+    /// on the mark to stop using a replaced limit.
     fn retire(&self, state: &Self::State) -> Self::Snapshot;
 
     /// Builds the state that succeeds a retired one at `now` (relative to the old epoch), under

@@ -124,8 +124,10 @@ impl Algorithm for SlidingWindowLog {
 
     fn retire(&self, state: &LogState) -> Log {
         let mut log = lock(state);
+        let taken = std::mem::take(&mut *log);
+        // Marked on what stays behind: a check still holding this state must be refused.
         log.retired = true;
-        std::mem::take(&mut *log)
+        taken
     }
 
     fn carry_over(&self, old: &WindowParams, mut log: Log, new: &WindowParams, now: u64) -> (u64, LogState) {

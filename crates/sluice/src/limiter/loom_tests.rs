@@ -157,7 +157,8 @@ fn loom_retired_limits_are_freed_after_the_checks_reading_them() {
 }
 
 /// The model has teeth: freeing retired limits without reading the slots lets a check read a
-/// freed limit, and the model reports it.
+/// freed limit, and the model reports it. (Two changes: the first limit, held inline, is never
+/// freed; the second is, under a check that reads it.)
 #[test]
 fn loom_catches_a_limit_freed_under_a_check() {
     IGNORE_HAZARDS.set(true);
@@ -168,6 +169,7 @@ fn loom_catches_a_limit_freed_under_a_check() {
             thread::spawn(move || limiter.check())
         };
         limiter.set_quota(quota("3/s")).unwrap();
+        limiter.set_quota(quota("4/s")).unwrap();
         let _ = checker.join().unwrap();
     });
     IGNORE_HAZARDS.set(false);
