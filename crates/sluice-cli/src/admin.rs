@@ -7,6 +7,7 @@
 //! | `GET /readyz` | 200 or 503, with a JSON body naming each check: config, rules, Redis |
 //! | `GET /v1/rule-stats` | every rule with its limit and decisions (JSON; the console's source) |
 //! | `GET /v1/top?rule=R&n=N` | the keys rule `R` (its place or name) denied most over about the last minute |
+//! | `GET /v1/top?domain=D&n=N` | the keys denied most across every rule (of domain `D` only, if given), each with its rule |
 //! | `GET /ui` | the live console, its assets in the binary |
 //! | `/rules/...` | with `rules: {url}`: the rules service's API (`/v1/...`), forwarded with the caller's own `Authorization`, so the console edits rules with the user's token, never the host's |
 
@@ -200,6 +201,7 @@ struct RuleBody {
     allowed: u64,
     denied: u64,
     shadow_denied: u64,
+    near_limit: u64,
 }
 
 async fn rule_stats(State(observed): State<Observed>) -> Response {
@@ -219,6 +221,7 @@ async fn rule_stats(State(observed): State<Observed>) -> Response {
                 allowed: report.counts.allowed,
                 denied: report.counts.denied,
                 shadow_denied: report.counts.shadow_denied,
+                near_limit: report.counts.near_limit,
             });
         }
     }
@@ -229,7 +232,8 @@ async fn rule_stats(State(observed): State<Observed>) -> Response {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TopQuery {
-    rule: String,
+    rule: Option<String>,
+    domain: Option<String>,
     n: Option<usize>,
 }
 
@@ -237,24 +241,64 @@ async fn top(
     State(observed): State<Observed>,
     query: Result<Query<TopQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
+    let usage = "ask /v1/top [?domain=DOMAIN | ?rule=RULE (its place or name)] [&n=N]\n";
     let Ok(Query(query)) = query else {
-        return (
-            StatusCode::BAD_REQUEST,
-            "ask /v1/top?rule=RULE (its place or name) [&n=N]\n",
-        )
-            .into_response();
+        return (StatusCode::BAD_REQUEST, usage).into_response();
     };
     let n = query.n.unwrap_or(10).clamp(1, MAX_TOP);
-    for (_, engine) in observed.engines() {
-        if let Some(keys) = engine.top_denied(&query.rule, n) {
+    let engines = observed.engines();
+    let Some(rule) = query.rule else {
+        return top_across(&engines, query.domain.as_deref(), n);
+    };
+    if query.domain.is_some() {
+        return (StatusCode::BAD_REQUEST, usage).into_response();
+    }
+    for (_, engine) in engines {
+        if let Some(keys) = engine.top_denied(&rule, n) {
             let keys: Vec<_> = keys
                 .into_iter()
                 .map(|(key, denied)| serde_json::json!({ "key": key, "denied": denied }))
                 .collect();
-            return axum::Json(serde_json::json!({ "rule": query.rule, "keys": keys })).into_response();
+            return axum::Json(serde_json::json!({ "rule": rule, "keys": keys })).into_response();
         }
     }
-    (StatusCode::NOT_FOUND, format!("no rule {:?}\n", query.rule)).into_response()
+    (StatusCode::NOT_FOUND, format!("no rule {rule:?}\n")).into_response()
+}
+
+/// The keys denied most across every rule of every engine (of `domain`'s rules only, if
+/// given), each with its rule.
+fn top_across(
+    engines: &[(&'static str, Arc<sluice_service::Engine>)],
+    domain: Option<&str>,
+    n: usize,
+) -> Response {
+    let mut keys = Vec::new();
+    let mut found = domain.is_none();
+    for (engine_name, engine) in engines {
+        if let Some(top) = engine.top_denied_across(domain, n) {
+            found = true;
+            keys.extend(top.into_iter().map(|top| (*engine_name, top)));
+        }
+    }
+    if !found {
+        let domain = domain.unwrap_or_default();
+        return (StatusCode::NOT_FOUND, format!("no domain {domain:?}\n")).into_response();
+    }
+    keys.sort_by(|(_, a), (_, b)| b.denied.cmp(&a.denied).then_with(|| a.key.cmp(&b.key)));
+    keys.truncate(n);
+    let keys: Vec<_> = (keys.into_iter())
+        .map(|(engine, top)| {
+            serde_json::json!({
+                "key": top.key,
+                "denied": top.denied,
+                "engine": engine,
+                "domain": top.domain,
+                "rule": top.rule.to_string(),
+                "name": top.name,
+            })
+        })
+        .collect();
+    axum::Json(serde_json::json!({ "domain": domain, "keys": keys })).into_response()
 }
 
 async fn console() -> Response {

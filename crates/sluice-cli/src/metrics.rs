@@ -14,7 +14,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
-use sluice_service::{Engine, FrontEnd, LatencySnapshot};
+use sluice_service::{Engine, FrontEnd, LatencySnapshot, RuleCounts, RuleReport};
 
 use crate::app::App;
 use crate::connection::OpenConnections;
@@ -38,6 +38,8 @@ pub struct HostState {
     pub draining: AtomicBool,
     /// The rules service is not answering (or answers garbage) now.
     pub rules_service_down: AtomicBool,
+    /// `metrics: {per_rule: false}` in the config in force: decisions counted per domain.
+    pub metrics_per_domain: AtomicBool,
 }
 
 /// Everything the admin listener reads.
@@ -129,54 +131,121 @@ fn outcomes(counts: &sluice_service::RuleCounts) -> [(&'static str, u64); 3] {
     ]
 }
 
+/// The decision series of one engine: a rule's (its place and name), or with `metrics:
+/// {per_rule: false}` a domain's, every rule of it summed.
+struct Series {
+    domain: String,
+    rule: Option<(String, String)>,
+    counts: RuleCounts,
+}
+
+fn series(rules: &[RuleReport], per_domain: bool) -> Vec<Series> {
+    if !per_domain {
+        return (rules.iter())
+            .map(|rule| Series {
+                domain: rule.domain.clone(),
+                rule: Some((rule.rule.to_string(), rule.name.clone().unwrap_or_default())),
+                counts: rule.counts,
+            })
+            .collect();
+    }
+    let mut domains: Vec<Series> = Vec::new();
+    for rule in rules {
+        let at = match domains.iter().position(|d| d.domain == rule.domain) {
+            Some(at) => at,
+            None => {
+                domains.push(Series {
+                    domain: rule.domain.clone(),
+                    rule: None,
+                    counts: RuleCounts::default(),
+                });
+                domains.len() - 1
+            }
+        };
+        let sum = &mut domains[at].counts;
+        let c = &rule.counts;
+        sum.allowed = sum.allowed.saturating_add(c.allowed);
+        sum.denied = sum.denied.saturating_add(c.denied);
+        sum.shadow_denied = sum.shadow_denied.saturating_add(c.shadow_denied);
+        sum.hits = sum.hits.saturating_add(c.hits);
+        sum.near_limit = sum.near_limit.saturating_add(c.near_limit);
+    }
+    domains
+}
+
+impl Series {
+    /// Its labels: the engine's, the domain's, and the rule's place and name if it has them
+    /// (`named`: the name too).
+    fn labels<'a>(&'a self, engine: &'a str, named: bool) -> Vec<(&'a str, &'a str)> {
+        let mut labels = vec![("engine", engine), ("domain", self.domain.as_str())];
+        if let Some((place, name)) = &self.rule {
+            labels.push(("rule", place.as_str()));
+            if named {
+                labels.push(("name", name.as_str()));
+            }
+        }
+        labels
+    }
+}
+
 impl Collector for Observed {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let engines = self.engines();
+        let per_domain = self.state.metrics_per_domain.load(Relaxed);
         let reports: Vec<_> = engines.iter().map(|(name, e)| (*name, e.rule_counts())).collect();
+        let all: Vec<_> = (reports.iter())
+            .map(|(engine, rules)| (*engine, series(rules, per_domain)))
+            .collect();
 
         let mut m = family(
             &mut encoder,
             "decisions",
-            "Requests decided per rule: allowed, denied, or denied in shadow mode (admitted).",
+            "Requests decided per rule (per domain with metrics.per_rule false): allowed, denied, or denied in shadow mode (admitted).",
             MetricType::Counter,
         )?;
-        for (engine, rules) in &reports {
-            for rule in rules {
-                let place = rule.rule.to_string();
-                let name = rule.name.as_deref().unwrap_or("");
-                for (outcome, value) in outcomes(&rule.counts) {
-                    let labels = [
-                        ("engine", *engine),
-                        ("domain", rule.domain.as_str()),
-                        ("rule", place.as_str()),
-                        ("name", name),
-                        ("outcome", outcome),
-                    ];
+        for (engine, all) in &all {
+            for one in all {
+                for (outcome, value) in outcomes(&one.counts) {
+                    let mut labels = one.labels(engine, true);
+                    labels.push(("outcome", outcome));
                     counter(&mut m, &labels, value)?;
                 }
             }
         }
         let mut m = family(
             &mut encoder,
-            "decisions_by_value",
-            "Requests decided per value of a detailed_metric or value_to_metric rule (at most 256 values a rule; the rest only in decisions).",
+            "near_limit",
+            "Requests admitted that left less than a fifth of their rule's capacity, per rule (per domain with metrics.per_rule false).",
             MetricType::Counter,
         )?;
-        for (engine, rules) in &reports {
-            for rule in rules {
-                let place = rule.rule.to_string();
-                let name = rule.name.as_deref().unwrap_or("");
-                for (label, counts) in &rule.by_label {
-                    for (outcome, value) in outcomes(counts) {
-                        let labels = [
-                            ("engine", *engine),
-                            ("domain", rule.domain.as_str()),
-                            ("rule", place.as_str()),
-                            ("name", name),
-                            ("value", label.as_str()),
-                            ("outcome", outcome),
-                        ];
-                        counter(&mut m, &labels, value)?;
+        for (engine, all) in &all {
+            for one in all {
+                counter(&mut m, &one.labels(engine, true), one.counts.near_limit)?;
+            }
+        }
+        if !per_domain {
+            let mut m = family(
+                &mut encoder,
+                "decisions_by_value",
+                "Requests decided per value of a detailed_metric or value_to_metric rule (at most 256 values a rule; the rest only in decisions).",
+                MetricType::Counter,
+            )?;
+            for (engine, rules) in &reports {
+                for rule in rules {
+                    let place = rule.rule.to_string();
+                    let name = rule.name.as_deref().unwrap_or("");
+                    for (label, counts) in &rule.by_label {
+                        for (outcome, value) in outcomes(counts) {
+                            let labels = [
+                                ("engine", *engine),
+                                ("domain", rule.domain.as_str()),
+                                ("rule", place.as_str()),
+                                ("name", name),
+                                ("value", label.as_str()),
+                                ("outcome", outcome),
+                            ];
+                            counter(&mut m, &labels, value)?;
+                        }
                     }
                 }
             }
@@ -184,18 +253,12 @@ impl Collector for Observed {
         let mut m = family(
             &mut encoder,
             "hits",
-            "Hits asked of each rule.",
+            "Hits asked of each rule (each domain with metrics.per_rule false).",
             MetricType::Counter,
         )?;
-        for (engine, rules) in &reports {
-            for rule in rules {
-                let place = rule.rule.to_string();
-                let labels = [
-                    ("engine", *engine),
-                    ("domain", rule.domain.as_str()),
-                    ("rule", place.as_str()),
-                ];
-                counter(&mut m, &labels, rule.counts.hits)?;
+        for (engine, all) in &all {
+            for one in all {
+                counter(&mut m, &one.labels(engine, false), one.counts.hits)?;
             }
         }
 

@@ -129,6 +129,7 @@ pub(crate) async fn watch_config(
         match reloaded {
             Ok((next, reloaded)) => {
                 app.store(Arc::new(next));
+                (state.metrics_per_domain).store(!settings.metrics.per_rule, Ordering::Relaxed);
                 applied = bytes;
                 state.config_reloads.fetch_add(1, Ordering::Relaxed);
                 match reloaded {

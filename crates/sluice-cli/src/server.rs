@@ -120,6 +120,10 @@ pub async fn serve(
     }
 
     let state = Arc::new(HostState::default());
+    (state.metrics_per_domain).store(
+        !options.settings.metrics.per_rule,
+        std::sync::atomic::Ordering::Relaxed,
+    );
     if let Some((file, bytes)) = options.config_file {
         let watch = crate::reload::watch_config(
             file,

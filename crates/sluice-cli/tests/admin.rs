@@ -102,7 +102,55 @@ fn metrics_count_what_clients_were_told_and_top_names_the_flooded_keys() {
     assert_eq!(top["keys"][0]["key"], "account=mallory", "{top}");
     assert_eq!(top["keys"][0]["denied"], 49, "{top}");
     assert_eq!(admin(&server).get("/v1/top?rule=nothing", &[]).status, 404);
-    assert_eq!(admin(&server).get("/v1/top", &[]).status, 400);
+    // Across every rule, each key with the rule that denied it.
+    let across = admin(&server).get("/v1/top?n=3", &[]);
+    assert_eq!(across.status, 200, "{across:?}");
+    let across: serde_json::Value = serde_json::from_str(&across.body).unwrap();
+    let first = &across["keys"][0];
+    assert_eq!(
+        (
+            &first["key"],
+            &first["denied"],
+            &first["rule"],
+            &first["engine"],
+            &first["domain"]
+        ),
+        (
+            &"account=mallory".into(),
+            &49.into(),
+            &"accounts: account".into(),
+            &"accounts".into(),
+            &"accounts".into()
+        ),
+        "{across}"
+    );
+    // alice (7 denials) under her own rule, then bob (2).
+    assert_eq!(
+        across["keys"][1]["rule"], "accounts: account=alice@example.com",
+        "{across}"
+    );
+    assert_eq!(across["keys"][1]["denied"], 7, "{across}");
+    assert_eq!(across["keys"].as_array().unwrap().len(), 3, "{across}");
+    let narrowed = admin(&server).get("/v1/top?domain=accounts&n=1", &[]);
+    assert_eq!(narrowed.status, 200, "{narrowed:?}");
+    assert!(narrowed.body.contains("account=mallory"), "{narrowed:?}");
+    assert_eq!(admin(&server).get("/v1/top?domain=nowhere", &[]).status, 404);
+    assert_eq!(
+        admin(&server).get("/v1/top?domain=accounts&rule=x", &[]).status,
+        400
+    );
+    assert_eq!(admin(&server).get("/v1/top?n=many", &[]).status, 400);
+    // Near the limit: an admission that left less than a fifth of the capacity. alice's third
+    // of 3 and bob's fifth of 5 left nothing (bob's fourth left 1 of 5: a fifth, not less);
+    // every one-shot key's first of 1.
+    for (rule, near) in [
+        ("accounts: account=alice@example.com", 1),
+        ("accounts: account=bob@example.com", 1),
+        ("accounts: account", 201),
+    ] {
+        let rule = format!("rule=\"{rule}\"");
+        assert_eq!(sample(body, "sluice_near_limit_total", &[&rule]), near, "{rule}");
+    }
 
     let stats = admin(&server).get("/v1/rule-stats", &[]);
     assert_eq!(stats.status, 200, "{stats:?}");
@@ -128,6 +176,51 @@ fn metrics_count_what_clients_were_told_and_top_names_the_flooded_keys() {
         logged >= 1 && logged <= paced.min(58),
         "{logged} denials logged, at most {paced}"
     );
+}
+
+/// `metrics: {per_rule: false}` sums every rule of a domain into one series per outcome (and
+/// drops the per-value series); a reload back to the default brings the rules' series back.
+#[test]
+fn decisions_are_counted_per_domain_when_asked() {
+    let per_domain = format!("{CONFIG}metrics: {{per_rule: false}}\n");
+    let (server, dir) = start(&per_domain, &[]);
+    let mut client = server.client();
+    for account in [
+        "alice@example.com",
+        "alice@example.com",
+        "alice@example.com",
+        "alice@example.com",
+        "bob@example.com",
+        "eve",
+    ] {
+        client.as_account(Some(account));
+    }
+    let body = admin(&server).get("/metrics", &[]).body;
+    let domain = "domain=\"accounts\"";
+    assert_eq!(
+        sample(&body, "sluice_decisions_total", &[domain, "outcome=\"allowed\""]),
+        5
+    );
+    assert_eq!(
+        sample(&body, "sluice_decisions_total", &[domain, "outcome=\"denied\""]),
+        1
+    );
+    assert_eq!(sample(&body, "sluice_hits_total", &[domain]), 6);
+    // alice's third, and eve's first of 1.
+    assert_eq!(sample(&body, "sluice_near_limit_total", &[domain]), 2);
+    let per_rule_lines = (body.lines())
+        .filter(|line| line.starts_with("sluice_") && line.contains("rule=\""))
+        .collect::<Vec<_>>();
+    assert!(per_rule_lines.is_empty(), "{per_rule_lines:?}");
+    assert!(!body.contains("decisions_by_value"), "{body}");
+
+    dir.write("sluice.yaml", CONFIG);
+    let rule = "rule=\"accounts: account=alice@example.com\"";
+    wait_until("the rules' series back after the reload", || {
+        let body = admin(&server).get("/metrics", &[]).body;
+        body.lines()
+            .any(|line| line.starts_with("sluice_decisions_total") && line.contains(rule))
+    });
 }
 
 #[test]

@@ -269,6 +269,11 @@ impl RawConfig {
             tls,
             client_tls,
             otlp,
+            metrics: crate::MetricsSettings {
+                per_rule: (self.metrics.as_ref())
+                    .and_then(|metrics| metrics.per_rule)
+                    .unwrap_or(true),
+            },
         })
     }
 

@@ -76,6 +76,7 @@ pub const ENV_KEYS: &[&str] = &[
     "otlp.endpoint",
     "otlp.sample_ratio",
     "otlp.keys",
+    "metrics.per_rule",
 ];
 
 /// The standard OpenTelemetry variables that set the collector, in the order they are

@@ -265,6 +265,30 @@ pub struct Settings {
     pub client_tls: Option<sluice_rules_client::ClientTls>,
     /// Traces exported over OTLP (`otlp`, or `OTEL_EXPORTER_OTLP_ENDPOINT`), if anywhere.
     pub otlp: Option<OtlpSettings>,
+    /// What `/metrics` labels its series with (`metrics`).
+    pub metrics: MetricsSettings,
+}
+
+/// How `/metrics` counts decisions: per rule (a series per rule and outcome, and per value of
+/// a `detailed_metric` rule), or with `per_rule: false` per domain, for rule sets so large that
+/// a series per rule costs the metrics store more than it tells.
+///
+/// ```
+/// let s = sluice_config::parse("metrics: {per_rule: false}\n")?;
+/// assert!(!s.metrics.per_rule);
+/// assert!(sluice_config::parse("{}\n")?.metrics.per_rule);
+/// # Ok::<(), sluice_config::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetricsSettings {
+    /// A series per rule (true), or per domain.
+    pub per_rule: bool,
+}
+
+impl Default for MetricsSettings {
+    fn default() -> Self {
+        Self { per_rule: true }
+    }
 }
 
 /// How requests over their quota are treated: refused at once, or queued for capacity.

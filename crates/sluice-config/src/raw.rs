@@ -71,6 +71,8 @@ pub(super) struct RawConfig {
     pub denied_log: Option<u32>,
     /// Traces exported over OTLP.
     pub otlp: Option<RawOtlp>,
+    /// What `/metrics` labels its series with.
+    pub metrics: Option<RawMetrics>,
 }
 
 impl Default for RawConfig {
@@ -117,6 +119,7 @@ impl Default for RawConfig {
             admin: None,
             denied_log: None,
             otlp: None,
+            metrics: None,
         }
     }
 }
@@ -206,6 +209,14 @@ pub(super) struct RawOtlp {
     pub sample_ratio: Option<f64>,
     #[serde(default)]
     pub keys: bool,
+}
+
+/// `metrics:`: whether decisions are counted per rule (true when left out) or per domain.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawMetrics {
+    #[serde(default)]
+    pub per_rule: Option<bool>,
 }
 
 /// `client_tls:`: the CA sluice's clients trust (Mozilla's roots if left out) and the client

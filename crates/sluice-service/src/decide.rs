@@ -20,7 +20,7 @@ use crate::counters::push_counter;
 use crate::engine::Engine;
 use crate::generation::Generation;
 use crate::request::{Descriptor, Request, RequestError, descriptor_key, write_descriptor_key};
-use crate::stats::FrontEnd;
+use crate::stats::{FrontEnd, Standing};
 use crate::store::{Count, Counted, Denial, Tally};
 
 thread_local! {
@@ -292,7 +292,8 @@ impl Engine {
             let (Some(rule), Some(descriptor)) = (status.rule, request.descriptors.get(count.index)) else {
                 continue;
             };
-            let over = status.is_over();
+            let standing = Standing::of(&status.decision, status.quota.capacity());
+            let over = standing == Standing::Over;
             if over && !rule.shadow_mode {
                 self.log_denied(rule, || descriptor_key(descriptor.entries));
             }
@@ -300,7 +301,7 @@ impl Engine {
                 continue;
             }
             if let Some(stats) = generation.stats.get(&rule.id) {
-                stats.record(descriptor.hits, over, rule.shadow_mode, now, |key| {
+                stats.record(descriptor.hits, standing, rule.shadow_mode, now, |key| {
                     write_descriptor_key(descriptor.entries, key);
                 });
                 if let Some(label) = metric_label(rule, descriptor.entries) {

@@ -116,6 +116,22 @@ pub struct RuleReport {
     pub by_label: Vec<(String, RuleCounts)>,
 }
 
+/// A key among those denied most ([`Engine::top_denied_across`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopKey {
+    /// The domain of the rule that denied it.
+    pub domain: String,
+    /// The rule's place.
+    pub rule: RuleId,
+    /// The rule's name, if it has one.
+    pub name: Option<String>,
+    /// The request's descriptor, as `key=value` entries.
+    pub key: String,
+    /// Denials over about the last minute (space-saving's count: over by at most the
+    /// smallest count the rule's table held).
+    pub denied: u64,
+}
+
 impl Engine {
     /// An engine deciding on `rules`, its counters in this process.
     ///
@@ -304,6 +320,61 @@ impl Engine {
                 .map(|s| s.top(n))
                 .unwrap_or_default(),
         )
+    }
+
+    /// The keys denied most over about the last minute across every rule (of `domain` only,
+    /// if given), each with its rule, most first, at most `n`; `None` if `domain` names no
+    /// domain. A key denied under two rules is listed once for each.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice_descriptors::RuleSet;
+    /// use sluice_service::{CheckRequest, DescriptorRequest, Engine, EngineSettings};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let rules = RuleSet::from_yaml("domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n")?;
+    /// let engine = Engine::new(rules, EngineSettings::default())?;
+    /// let request = CheckRequest {
+    ///     domain: "edge".into(),
+    ///     descriptors: vec![DescriptorRequest { entries: vec![("user".into(), "eve".into())], ..Default::default() }],
+    ///     hits: None,
+    /// };
+    /// for _ in 0..3 {
+    ///     engine.check(&request, false).await?;
+    /// }
+    /// let top = engine.top_denied_across(Some("edge"), 10).unwrap();
+    /// assert_eq!((top[0].key.as_str(), top[0].denied), ("user=eve", 2));
+    /// assert!(engine.top_denied_across(Some("elsewhere"), 10).is_none());
+    /// # Ok(()) }
+    /// ```
+    pub fn top_denied_across(&self, domain: Option<&str>, n: usize) -> Option<Vec<TopKey>> {
+        let generation = self.current.load();
+        if let Some(domain) = domain
+            && generation.rules.domain(domain).is_none()
+        {
+            return None;
+        }
+        let mut keys = Vec::new();
+        for within in generation.rules.domains() {
+            if domain.is_some_and(|domain| domain != within.name()) {
+                continue;
+            }
+            for rule in within.rules() {
+                let Some(stats) = generation.stats.get(&rule.id) else {
+                    continue;
+                };
+                keys.extend(stats.top(n).into_iter().map(|(key, denied)| TopKey {
+                    domain: within.name().to_owned(),
+                    rule: rule.id.clone(),
+                    name: rule.name.clone(),
+                    key,
+                    denied,
+                }));
+            }
+        }
+        keys.sort_by(|a, b| b.denied.cmp(&a.denied).then_with(|| a.key.cmp(&b.key)));
+        keys.truncate(n);
+        Some(keys)
     }
 
     /// Times one decision asked through `front` (nothing unless [`EngineSettings::observe`]).

@@ -26,6 +26,33 @@ pub struct RuleCounts {
     pub shadow_denied: u64,
     /// Hits asked of the rule, whatever the answer.
     pub hits: u64,
+    /// Requests the rule admitted that left less than a fifth of its capacity
+    /// ([`Standing::Near`]): the ones about to be limited.
+    pub near_limit: u64,
+}
+
+/// Where a decision left its limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Standing {
+    /// Admitted, a fifth of the capacity or more left.
+    Within,
+    /// Admitted, less than a fifth of the capacity left.
+    Near,
+    /// Over the limit (denied, or counted as denied in shadow mode).
+    Over,
+}
+
+impl Standing {
+    /// The standing of a decision under a limit of `capacity`.
+    pub(crate) fn of(decision: &sluice::Decision, capacity: u64) -> Self {
+        if !decision.is_allowed() {
+            Self::Over
+        } else if u128::from(decision.remaining()) * 5 < u128::from(capacity) {
+            Self::Near
+        } else {
+            Self::Within
+        }
+    }
 }
 
 /// The most per-value series one rule keeps (`detailed_metric`, `value_to_metric`): values
@@ -46,6 +73,7 @@ pub(crate) struct RuleStats {
     denied: AtomicU64,
     shadow_denied: AtomicU64,
     hits: AtomicU64,
+    near_limit: AtomicU64,
     top: Mutex<TopWindows>,
     /// Per metric label ([`sluice_descriptors::metric_label`]), at most [`MAX_LABELS`].
     labels: Mutex<Vec<(String, RuleCounts)>>,
@@ -57,18 +85,22 @@ impl RuleStats {
     pub(crate) fn record(
         &self,
         hits: u64,
-        over: bool,
+        standing: Standing,
         shadow: bool,
         now: Option<u64>,
         key: impl FnOnce(&mut String),
     ) {
         self.hits.fetch_add(hits, Relaxed);
+        let over = standing == Standing::Over;
         let counter = match (over, shadow) {
             (false, _) => &self.allowed,
             (true, true) => &self.shadow_denied,
             (true, false) => &self.denied,
         };
         counter.fetch_add(1, Relaxed);
+        if standing == Standing::Near {
+            self.near_limit.fetch_add(1, Relaxed);
+        }
         if over {
             let mut top = self.top.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             // Written into the table's own buffer: a key already held allocates nothing.
@@ -119,6 +151,7 @@ impl RuleStats {
             denied: self.denied.load(Relaxed),
             shadow_denied: self.shadow_denied.load(Relaxed),
             hits: self.hits.load(Relaxed),
+            near_limit: self.near_limit.load(Relaxed),
         }
     }
 
@@ -336,10 +369,10 @@ mod tests {
         assert!(windows.previous.entries.is_empty() && windows.current.entries.is_empty());
         // Through the rule's counters: denials only, merged and ordered.
         for key in ["a", "b", "b"] {
-            stats.record(1, true, false, None, |text| text.push_str(key));
+            stats.record(1, Standing::Over, false, None, |text| text.push_str(key));
         }
-        stats.record(3, false, false, None, |text| text.push('c'));
-        stats.record(1, true, true, None, |text| text.push('b'));
+        stats.record(3, Standing::Near, false, None, |text| text.push('c'));
+        stats.record(1, Standing::Over, true, None, |text| text.push('b'));
         assert_eq!(stats.top(10), [("b".to_owned(), 3), ("a".to_owned(), 1)]);
         assert_eq!(
             stats.counts(),
@@ -347,7 +380,8 @@ mod tests {
                 allowed: 1,
                 denied: 3,
                 shadow_denied: 1,
-                hits: 7
+                hits: 7,
+                near_limit: 1,
             }
         );
     }

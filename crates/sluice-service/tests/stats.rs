@@ -1,5 +1,5 @@
-//! What the engine counts about its decisions: per rule allowed, denied, shadow-denied and
-//! hits, kept across a reload while the rule keeps its place; the keys a rule denied most.
+//! What the engine counts about its decisions: per rule allowed, denied, shadow-denied,
+//! near the limit and hits, kept across a reload while the rule keeps its place; the keys a rule denied most.
 
 use sluice_descriptors::RuleSet;
 use sluice_service::{CheckRequest, DescriptorRequest, Engine, EngineSettings, RuleCounts};
@@ -59,7 +59,9 @@ async fn decisions_are_counted_per_rule_and_kept_across_a_reload() {
             allowed: 3,
             denied: 2,
             shadow_denied: 0,
-            hits: 8
+            hits: 8,
+            // Alice's second and Bob's two hits left nothing of 2: near the limit.
+            near_limit: 2,
         }
     );
     for _ in 0..3 {
@@ -79,6 +81,23 @@ async fn decisions_are_counted_per_rule_and_kept_across_a_reload() {
         [("ip=10.0.0.1".to_owned(), 2)]
     );
     assert!(engine.top_denied("edge: nothing", 10).is_none());
+    // Across every rule: each key with the rule that denied it, most first.
+    let across: Vec<(String, String, Option<String>, u64)> = engine
+        .top_denied_across(None, 10)
+        .unwrap()
+        .into_iter()
+        .map(|top| (top.key, top.rule.to_string(), top.name, top.denied))
+        .collect();
+    assert_eq!(
+        across,
+        [
+            ("ip=10.0.0.1".into(), "edge: ip".into(), Some("by_ip".into()), 2),
+            ("user=alice".into(), "edge: user".into(), None, 1),
+            ("user=carol".into(), "edge: user".into(), None, 1),
+        ]
+    );
+    assert_eq!(engine.top_denied_across(Some("edge"), 1).unwrap().len(), 1);
+    assert!(engine.top_denied_across(Some("elsewhere"), 10).is_none());
 
     // A reload keeps the counts of rules that keep their place, whatever their limit.
     engine

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use sluice::{
-    Algorithm, FixedWindow, LeakyBucket, ManualClock, Quota, RateLimiter, SlidingWindowCounter, SlidingWindowLog,
-    TokenBucket, Unmetered,
+    Algorithm, FixedWindow, LeakyBucket, ManualClock, Quota, RateLimiter, SlidingWindowCounter,
+    SlidingWindowLog, TokenBucket, Unmetered,
 };
 
 fn quota(text: &str) -> Quota {
