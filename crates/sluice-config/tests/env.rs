@@ -26,7 +26,7 @@ fn fields(section: &str) -> Vec<String> {
 
 #[test]
 fn every_key_of_the_schema_has_a_variable_and_no_variable_names_nothing() {
-    let sections = ["key", "redis", "rls", "api", "admin", "rules", "otlp"];
+    let sections = ["key", "redis", "rls", "api", "admin", "rules", "otlp", "metrics"];
     let mut schema = BTreeSet::new();
     for field in fields("") {
         // A section is set key by key; `rules` is a path too.
@@ -138,6 +138,7 @@ fn each_variable_sets_its_key() {
         ("otlp.endpoint", "http://127.0.0.1:4317", &[]),
         ("otlp.sample_ratio", "0.5", &otlp),
         ("otlp.keys", "true", &otlp),
+        ("metrics.per_rule", "false", &[]),
     ];
     let covered: BTreeSet<&str> = cases.iter().map(|(key, _, _)| *key).collect();
     assert_eq!(covered, ENV_KEYS.iter().copied().collect::<BTreeSet<_>>());
