@@ -283,8 +283,10 @@ impl Outcome<'_, '_> {
         Metadata::Map(fields)
     }
 
-    /// The header fields of the most restrictive status: a denying one, else the limited one with
-    /// the fewest units left.
+    /// The header fields: `X-RateLimit-*` and `Retry-After` of the most restrictive status (a
+    /// denying one, else the limited one with the fewest units left); `RateLimit-Policy` and
+    /// `RateLimit` list every limited status, one item each named by its rule's policy, the
+    /// most restrictive first and the others in the request's order.
     fn headers(&self, set: FieldSet) -> Vec<(String, String)> {
         match set {
             FieldSet::None => return Vec::new(),
@@ -292,19 +294,26 @@ impl Outcome<'_, '_> {
             FieldSet::Draft | FieldSet::Legacy | FieldSet::All => {}
         }
         let counts = |status: &&Status<'_>| status.rule.is_some_and(|rule| !rule.shadow_mode);
-        let mut counting = self.statuses.iter().filter(counts);
+        let mut counting = self
+            .statuses
+            .iter()
+            .enumerate()
+            .filter(|(_, status)| counts(status));
         let chosen = if self.denied {
-            counting.find(|status| status.is_over())
+            counting.find(|(_, status)| status.is_over())
         } else {
-            counting.min_by_key(|status| status.decision.remaining())
+            counting.min_by_key(|(_, status)| status.decision.remaining())
         };
-        let Some(status) = chosen else {
+        let Some((chosen_at, status)) = chosen else {
             return Vec::new();
         };
-        let Some(policy) = status
-            .rule
-            .and_then(|rule| self.generation.policies.get(&rule.id))
-        else {
+        let fields_of = |status: &Status<'_>| {
+            let policy = status
+                .rule
+                .and_then(|rule| self.generation.policies.get(&rule.id))?;
+            Some(policy.fields(&status.decision, Some(status.quota)))
+        };
+        let Some(fields) = fields_of(status) else {
             return Vec::new();
         };
         let wanted = |name: &str| match set {
@@ -313,12 +322,26 @@ impl Outcome<'_, '_> {
             FieldSet::Draft => !name.starts_with("x-"),
             FieldSet::Legacy => !name.starts_with("ratelimit"),
         };
-        policy
-            .fields(&status.decision, Some(status.quota))
+        let mut answer: Vec<(String, String)> = fields
             .iter()
             .filter(|(name, _)| wanted(name.as_str()))
             .filter_map(|(name, value)| Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned())))
-            .collect()
+            .collect();
+        let others = (self.statuses.iter().enumerate())
+            .filter(|(at, status)| *at != chosen_at && counts(status))
+            .filter_map(|(_, status)| fields_of(status));
+        for other in others {
+            for (name, list) in &mut answer {
+                if !name.starts_with("ratelimit") {
+                    continue;
+                }
+                if let Some(item) = other.get(name.as_str()).and_then(|value| value.to_str().ok()) {
+                    list.push_str(", ");
+                    list.push_str(item);
+                }
+            }
+        }
+        answer
     }
 }
 

@@ -5,6 +5,7 @@
 //! The layer asks one single-entry descriptor per request, so the nested and `replaces` cases,
 //! which need several entries or descriptors, run through RLS and the check API only.
 
+mod fields;
 #[path = "../../sluice-redis/tests/support/mod.rs"]
 mod redis_support;
 
@@ -23,7 +24,8 @@ use sluice_descriptors::RuleSet;
 use sluice_http::{KeyPart, RateLimitLayer};
 use sluice_redis::{FailurePolicy, RedisOptions, RedisStore};
 use sluice_service::{
-    CheckApi, Engine, EngineSettings, FrontEnd, LayerBackend, RateLimitService, RedisCounters, RuleCounts,
+    CheckApi, Engine, EngineSettings, FieldSet, FrontEnd, LayerBackend, RateLimitService, RedisCounters,
+    RuleCounts,
 };
 
 const RULES: &str = r#"
@@ -94,8 +96,11 @@ const COMPOSITE: &[(Descriptors, bool)] = &[
 ];
 
 async fn engine(redis: Option<&RedisServer>) -> Arc<Engine> {
+    engine_with(redis, EngineSettings::default()).await
+}
+
+async fn engine_with(redis: Option<&RedisServer>, settings: EngineSettings) -> Arc<Engine> {
     let rules = RuleSet::from_yaml(RULES).unwrap();
-    let settings = EngineSettings::default();
     Arc::new(match redis {
         None => Engine::new(rules, settings).unwrap(),
         Some(redis) => {
@@ -313,4 +318,54 @@ async fn in_memory() {
 async fn on_redis() {
     let redis = RedisServer::start();
     every_front_end_decides_alike(Some(&redis)).await;
+}
+
+/// Several limits counted through the check API: `RateLimit-Policy` and `RateLimit` name each
+/// one (read by a third-party parser), the most restrictive first; `X-RateLimit-*` are the most
+/// restrictive's alone.
+async fn the_fields_list_every_limit(redis: Option<&RedisServer>) {
+    let settings = EngineSettings {
+        headers: FieldSet::All,
+        ..EngineSettings::default()
+    };
+    let (listener, addr) = listener().await;
+    tokio::spawn(CheckApi::new(engine_with(redis, settings).await).serve(listener, std::future::pending()));
+    let (status, body) = exchange(addr, json_request(&[&[("account", "bob")], &[("plan", "gold")]])).await;
+    assert_eq!(status, 200, "{body}");
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    let field = |name: &str| -> String {
+        let headers = body["headers"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no headers: {body}"));
+        let found = headers.iter().find(|h| h["name"] == name);
+        found.unwrap_or_else(|| panic!("no {name}: {body}"))["value"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    // bob's rule (3 an hour, unnamed: "sluice") has 2 left, gold (10) 9: bob's first.
+    assert_eq!(
+        fields::items(&field("ratelimit-policy")),
+        [
+            fields::item("sluice", &[("q", 3), ("w", 3600)]),
+            fields::item("gold", &[("q", 10), ("w", 3600)])
+        ]
+    );
+    let left: Vec<(String, i64)> = (fields::items(&field("ratelimit")).into_iter())
+        .map(|(name, params)| (name, params[0].1))
+        .collect();
+    assert_eq!(left, [("sluice".to_owned(), 2), ("gold".to_owned(), 9)]);
+    assert_eq!(field("x-ratelimit-remaining"), "2");
+    assert_eq!(field("x-ratelimit-limit"), "3");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_limit_in_the_fields_in_memory() {
+    the_fields_list_every_limit(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_limit_in_the_fields_on_redis() {
+    let redis = RedisServer::start();
+    the_fields_list_every_limit(Some(&redis)).await;
 }

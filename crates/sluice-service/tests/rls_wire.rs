@@ -16,6 +16,9 @@ use sluice_descriptors::RuleSet;
 use sluice_service::{Counting, Engine, EngineSettings, FieldSet, RateLimitService};
 use tonic::transport::Channel;
 
+mod fields;
+use fields::{item, items};
+
 const RULES: &str = r#"
 domain: edge
 descriptors:
@@ -291,6 +294,60 @@ async fn denials_carry_the_rate_limit_headers() {
     );
     assert_eq!(header("x-ratelimit-remaining").as_deref(), Some("0"));
     assert_eq!(header("retry-after").as_deref(), Some("1"));
+}
+
+fn header(response: &RateLimitResponse, name: &str) -> Option<String> {
+    (response.response_headers_to_add.iter())
+        .find(|h| h.key == name)
+        .map(|h| h.value.clone())
+}
+
+/// Several limits counted: `RateLimit-Policy` and `RateLimit` name every one, the most
+/// restrictive first (a shadow rule's is not one); `X-RateLimit-*` and `Retry-After` speak
+/// for the most restrictive alone.
+#[tokio::test]
+async fn the_fields_list_every_limit_counted() {
+    let mut client = serve(Counting::AllOrNothing).await;
+    let three = || {
+        request(vec![
+            descriptor(&[("database", "users")]),
+            descriptor(&[("client", "c"), ("path", "/api/x")]),
+            descriptor(&[("shadowed", "s")]),
+        ])
+    };
+    let first = ask(&mut client, three()).await;
+    let policies = items(&header(&first, "ratelimit-policy").unwrap());
+    // api has 1 of 2 left, users_db 2 of 3: api is the more restrictive.
+    assert_eq!(
+        policies,
+        [
+            item("api", &[("q", 2), ("w", 3600)]),
+            item("users_db", &[("q", 3), ("w", 1)])
+        ]
+    );
+    let remaining: Vec<(String, i64)> = items(&header(&first, "ratelimit").unwrap())
+        .into_iter()
+        .map(|(name, params)| {
+            assert_eq!(params[0].0, "r");
+            assert_eq!(params[1].0, "t");
+            (name, params[0].1)
+        })
+        .collect();
+    assert_eq!(remaining, [("api".to_owned(), 1), ("users_db".to_owned(), 2)]);
+    assert_eq!(header(&first, "x-ratelimit-remaining").as_deref(), Some("1"));
+    assert_eq!(header(&first, "x-ratelimit-limit").as_deref(), Some("2"));
+
+    ask(&mut client, three()).await;
+    let denied = ask(&mut client, three()).await;
+    assert_eq!(denied.overall_code, Code::OverLimit as i32);
+    let items_now = items(&header(&denied, "ratelimit").unwrap());
+    let names: Vec<&str> = items_now.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(names, ["api", "users_db"], "the denying limit first");
+    assert_eq!(items_now[0].1[0], ("r".to_owned(), 0));
+    // All or nothing: the denied request took nothing of users_db (3 a second, 2 taken).
+    assert_eq!(items_now[1].1[0], ("r".to_owned(), 1));
+    let retry: u64 = header(&denied, "retry-after").unwrap().parse().unwrap();
+    assert!(retry > 1, "api's hour, not users_db's second: {retry}");
 }
 
 #[tokio::test]
