@@ -11,9 +11,9 @@ use sluice::{AlgorithmKind, Quota};
 
 use crate::error::RulesError;
 use crate::key::RuleId;
-use crate::raw::{RawDescriptor, RawDomain, RawRateLimit};
+use crate::raw::{QuotaTexts, RawDescriptor, RawDomain, RawRateLimit};
 use crate::rules::{
-    DomainRules, Level, Limit, MAX_DEPTH, MAX_DESCRIPTORS, MAX_TEXT_BYTES, Node, Rule, Wildcard,
+    DomainRules, Level, Limit, MAX_DEPTH, MAX_DESCRIPTORS, MAX_STACKED, MAX_TEXT_BYTES, Node, Rule, Wildcard,
 };
 
 /// Reads one domain's rules from a file's text.
@@ -362,6 +362,8 @@ impl Builder {
         // An unlimited rule may keep a count it ignores, as envoy ratelimit allows; a unit
         // would say it limits.
         let counted = raw.unit.is_some() || (raw.requests_per_unit.is_some() && !raw.unlimited);
+        // The quotas after the first of a list.
+        let mut stacked: Vec<Quota> = Vec::new();
         let limit = match (raw.unlimited, &raw.quota, counted) {
             (true, None, false) => Limit::Unlimited,
             (true, _, _) => {
@@ -376,8 +378,23 @@ impl Builder {
                     "give either quota or requests_per_unit with unit, not both",
                 ));
             }
-            (false, Some(text), false) => {
+            (false, Some(QuotaTexts::One(text)), false) => {
                 Limit::Quota(text.parse().map_err(|e| RulesError::new(field("quota"), e))?)
+            }
+            (false, Some(QuotaTexts::Many(texts)), false) => {
+                if texts.is_empty() || texts.len() > MAX_STACKED + 1 {
+                    return Err(RulesError::new(
+                        field("quota"),
+                        format!("a list of 1 to {} quotas, not {}", MAX_STACKED + 1, texts.len()),
+                    ));
+                }
+                for (i, text) in texts.iter().enumerate() {
+                    let quota = text
+                        .parse()
+                        .map_err(|e| RulesError::new(field(&format!("quota[{i}]")), e))?;
+                    stacked.push(quota);
+                }
+                Limit::Quota(stacked.remove(0))
             }
             (false, None, true) => {
                 let Some(unit) = &raw.unit else {
@@ -418,9 +435,16 @@ impl Builder {
                     .map_err(|e| RulesError::new(field("algorithm"), e))
             })
             .transpose()?;
-        if let (Limit::Quota(quota), Some(kind)) = (limit, algorithm) {
-            kind.check(&quota)
-                .map_err(|e| RulesError::new(field("quota"), format!("{kind} cannot hold {quota}: {e}")))?;
+        if let (Limit::Quota(first), Some(kind)) = (limit, algorithm) {
+            for (i, quota) in std::iter::once(&first).chain(&stacked).enumerate() {
+                let at = if stacked.is_empty() {
+                    field("quota")
+                } else {
+                    field(&format!("quota[{i}]"))
+                };
+                kind.check(quota)
+                    .map_err(|e| RulesError::new(at, format!("{kind} cannot hold {quota}: {e}")))?;
+            }
         }
         if let Some(name) = &raw.name {
             if name.is_empty() {
@@ -456,6 +480,7 @@ impl Builder {
         Ok(Rule {
             id: at.id.clone(),
             limit,
+            stacked,
             algorithm,
             name: raw.name.clone(),
             replaces,

@@ -47,4 +47,6 @@ pub use error::{LoadError, RulesError};
 pub use key::{RuleId, counter_key, last_value_of, metric_label, push_counter_key, rule_of};
 pub use load::LoadOptions;
 pub use metadata::{MAX_METADATA_DEPTH, MAX_METADATA_ITEMS, Metadata};
-pub use rules::{DomainRules, Entry, Limit, MAX_DEPTH, MAX_DESCRIPTORS, MAX_TEXT_BYTES, Rule, RuleSet};
+pub use rules::{
+    DomainRules, Entry, Limit, MAX_DEPTH, MAX_DESCRIPTORS, MAX_STACKED, MAX_TEXT_BYTES, Rule, RuleSet,
+};

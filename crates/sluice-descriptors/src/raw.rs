@@ -50,12 +50,21 @@ pub(crate) struct RawRateLimit {
     pub name: Option<String>,
     #[serde(default, deserialize_with = "list")]
     pub replaces: Vec<RawReplace>,
-    /// sluice: an exact quota text (`1.1/s burst 5`) in place of `requests_per_unit`/`unit`.
+    /// sluice: an exact quota text (`1.1/s burst 5`) in place of `requests_per_unit`/`unit`,
+    /// or a list of them, all enforced at once (`["10/s burst 20", "1000/day"]`).
     #[serde(default)]
-    pub quota: Option<String>,
+    pub quota: Option<QuotaTexts>,
     /// sluice: the algorithm counting this limit.
     #[serde(default)]
     pub algorithm: Option<String>,
+}
+
+/// One quota's text, or several.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum QuotaTexts {
+    One(String),
+    Many(Vec<String>),
 }
 
 #[derive(Debug, Deserialize)]

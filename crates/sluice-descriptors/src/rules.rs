@@ -18,6 +18,8 @@ pub const MAX_DEPTH: usize = 32;
 pub const MAX_DESCRIPTORS: usize = 100_000;
 /// The longest domain, key or value, in bytes.
 pub const MAX_TEXT_BYTES: usize = 1024;
+/// The most quotas a rule holds beside its first ([`Rule::stacked`]).
+pub const MAX_STACKED: usize = 7;
 
 /// One entry of a request descriptor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,8 +44,11 @@ pub enum Limit {
 pub struct Rule {
     /// Its place in the rules.
     pub id: RuleId,
-    /// Its limit.
+    /// Its limit: with several quotas (`quota: [..]`), the first.
     pub limit: Limit,
+    /// The quotas after the first, each counted apart and decided with it all or nothing: a
+    /// request one of them denies takes nothing from the others. At most [`MAX_STACKED`].
+    pub stacked: Vec<Quota>,
     /// The algorithm counting it, if the rule names one.
     pub algorithm: Option<AlgorithmKind>,
     /// Its name (`rate_limit.name`).
@@ -78,6 +83,7 @@ impl Rule {
         Self {
             id,
             limit,
+            stacked: Vec::new(),
             algorithm: None,
             name: None,
             replaces: Vec::new(),

@@ -228,9 +228,17 @@ impl Outcome<'_, '_> {
     pub(crate) fn to_verdict(&self, headers: FieldSet) -> Verdict {
         let mut counted = self.counts.iter().zip(self.statuses).peekable();
         let statuses = (0..self.descriptors)
-            .map(|index| match counted.next_if(|(count, _)| count.index == index) {
-                Some((count, status)) => status.to_public(count.quota_mode),
-                None => Status::UNLIMITED.to_public(false),
+            .map(|index| {
+                // A descriptor of several limits (its rule's stacked quotas) answers with the
+                // tightest.
+                let mut chosen = None;
+                while let Some(next) = counted.next_if(|(count, _)| count.index == index) {
+                    chosen = Some(chosen.map_or(next, |best| tighter(best, next)));
+                }
+                match chosen {
+                    Some((count, status)) => status.to_public(count.quota_mode),
+                    None => Status::UNLIMITED.to_public(false),
+                }
             })
             .collect();
         Verdict {
@@ -380,6 +388,16 @@ impl Outcome<'_, '_> {
             ("RateLimit-Reset".to_owned(), reset.to_string()),
         ]
     }
+}
+
+/// Of two limits of one descriptor, the one that answers for it: the first that denies, else
+/// the first over its limit (in shadow mode), else the one with fewer units left.
+pub(crate) fn tighter<'a, 'g>(
+    best: (&'a Count<'g>, &'a Status<'g>),
+    next: (&'a Count<'g>, &'a Status<'g>),
+) -> (&'a Count<'g>, &'a Status<'g>) {
+    let rank = |status: &Status<'_>| (!status.denies(), !status.is_over(), status.decision.remaining());
+    if rank(next.1) < rank(best.1) { next } else { best }
 }
 
 fn nanos(duration: Duration) -> u64 {

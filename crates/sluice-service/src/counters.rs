@@ -19,6 +19,8 @@ use sluice_descriptors::{Entry, Rule, RuleId, RuleSet, last_value_of, push_count
 /// How a counter key starts: governed by its rule's quota, or by a quota the request set.
 const BY_RULE: char = 'r';
 const BY_OVERRIDE: char = 'o';
+/// Then one digit, `n`: governed by the rule's `n`th stacked quota ([`Rule::stacked`]).
+const BY_STACKED: char = 's';
 /// Ends an override's quota text (which never holds it).
 const OVERRIDE_END: char = '\u{1d}';
 
@@ -34,6 +36,16 @@ pub(crate) fn push_counter(key: &mut String, rule: &Rule, entries: &[Entry<'_>],
             let _ = write!(key, "{BY_OVERRIDE}{quota}{OVERRIDE_END}");
         }
     }
+    push_counter_key(key, rule, entries);
+}
+
+/// Appends to `key` the key of the counter of `entries` under `rule`'s `nth` stacked quota
+/// (from 1; [`Rule::stacked`], at most [`sluice_descriptors::MAX_STACKED`]): a counter of its
+/// own, so each quota counts apart, and adding one to a rule leaves the others' counts.
+pub(crate) fn push_stacked_counter(key: &mut String, rule: &Rule, entries: &[Entry<'_>], nth: usize) {
+    key.push(BY_STACKED);
+    // One digit: a rule holds at most 7 stacked quotas.
+    key.push(char::from(b'0' + (nth % 10) as u8));
     push_counter_key(key, rule, entries);
 }
 
@@ -78,6 +90,8 @@ pub(crate) struct RuleQuotas {
 #[derive(Default)]
 pub(crate) struct QuotaTable {
     quotas: HashMap<RuleId, Quota>,
+    /// The stacked quotas of the rules that have them ([`Rule::stacked`]).
+    stacked: HashMap<RuleId, Vec<Quota>>,
     by_value: Option<AskedByValue>,
 }
 
@@ -85,9 +99,10 @@ pub(crate) struct QuotaTable {
 type AskedByValue = (Arc<HashSet<RuleId>>, Arc<dyn ValueQuotaSource>);
 
 impl QuotaTable {
-    pub(crate) fn new(quotas: HashMap<RuleId, Quota>) -> Self {
+    pub(crate) fn new(quotas: HashMap<RuleId, Quota>, stacked: HashMap<RuleId, Vec<Quota>>) -> Self {
         Self {
             quotas,
+            stacked,
             by_value: None,
         }
     }
@@ -110,6 +125,12 @@ impl QuotaTable {
         if let Some(rest) = key.strip_prefix(BY_OVERRIDE) {
             let (quota, _) = rest.split_once(OVERRIDE_END)?;
             return quota.parse().ok();
+        }
+        if let Some(rest) = key.strip_prefix(BY_STACKED) {
+            let mut rest = rest.chars();
+            let nth = rest.next()?.to_digit(10)? as usize;
+            let id = rule_of(rest.as_str())?;
+            return self.stacked.get(&id)?.get(nth.checked_sub(1)?).copied();
         }
         let id = rule_of(key.strip_prefix(BY_RULE)?)?;
         if self

@@ -16,7 +16,7 @@ use sluice_descriptors::{Limit, Rule, metric_label};
 use tracing::{Instrument, Span, field::Empty};
 
 use crate::answer::{Outcome, Status};
-use crate::counters::push_counter;
+use crate::counters::{push_counter, push_stacked_counter};
 use crate::engine::Engine;
 use crate::generation::Generation;
 use crate::request::{Descriptor, Request, RequestError, descriptor_key, write_descriptor_key};
@@ -88,15 +88,22 @@ impl Engine {
         {
             let generation = self.current.load();
             if generation.store.answers_now() {
-                // One descriptor (every HTTP layer request): the same plan, take and record,
-                // with no list to hold and nothing to give back.
-                if let [descriptor] = request.descriptors
-                    && !generation.replacing
-                {
+                // One descriptor of one limit (every HTTP layer request of a rule with one
+                // quota): the same plan, take and record, with no list to hold and nothing to
+                // give back.
+                let lone = match request.descriptors {
+                    [descriptor] if !generation.replacing => {
+                        let rule = (generation.rules.domain(request.domain))
+                            .and_then(|domain| domain.find(descriptor.entries));
+                        rule.is_none_or(|rule| rule.stacked.is_empty() || descriptor.limit.is_some())
+                            .then_some((descriptor, rule))
+                    }
+                    _ => None,
+                };
+                if let Some((descriptor, rule)) = lone {
                     let mut keys = KEYS.with(Cell::take);
                     keys.clear();
-                    let count = (generation.rules.domain(request.domain))
-                        .and_then(|domain| domain.find(descriptor.entries))
+                    let count = rule
                         .and_then(|rule| self.count_of(&generation, (0, descriptor, rule), peek, &mut keys));
                     let status = count
                         .as_ref()
@@ -199,7 +206,9 @@ impl Engine {
         }
     }
 
-    /// Adds to `tally` the limit of the descriptor at `index` under `rule`, if it has one.
+    /// Adds to `tally` the limits of the descriptor at `index` under `rule`, if it has any:
+    /// its quota's, then each stacked quota's (one after another, so a descriptor's limits are
+    /// together) unless the request set the descriptor's quota.
     #[inline]
     fn plan_one<'g>(
         &self,
@@ -208,8 +217,29 @@ impl Engine {
         peek: bool,
         tally: &mut Tally<'g>,
     ) {
-        if let Some(count) = self.count_of(generation, at, peek, &mut tally.keys) {
-            tally.counts.push(count);
+        let Some(count) = self.count_of(generation, at, peek, &mut tally.keys) else {
+            return;
+        };
+        let (_, descriptor, rule) = at;
+        let stacked = if descriptor.limit.is_none() {
+            rule.stacked.as_slice()
+        } else {
+            &[]
+        };
+        let (index, kind, cost, quota_mode) = (count.index, count.kind, count.cost, count.quota_mode);
+        tally.counts.push(count);
+        for (nth, quota) in (1..).zip(stacked) {
+            let start = tally.keys.len();
+            push_stacked_counter(&mut tally.keys, rule, descriptor.entries, nth);
+            tally.counts.push(Count {
+                index,
+                rule,
+                kind,
+                key: start..tally.keys.len(),
+                cost,
+                quota: *quota,
+                quota_mode,
+            });
         }
     }
 
@@ -288,11 +318,17 @@ impl Engine {
         statuses: &[Status<'_>],
         now: Option<u64>,
     ) {
-        for (count, status) in counts.iter().zip(statuses) {
+        let mut limits = counts.iter().zip(statuses).peekable();
+        while let Some((count, status)) = limits.next() {
+            // A descriptor's limits (its rule's stacked quotas) are one decision: recorded
+            // once, at the worst standing among them.
+            let mut standing = Standing::of(&status.decision, status.quota.capacity());
+            while let Some((_, next)) = limits.next_if(|(next, _)| next.index == count.index) {
+                standing = standing.max(Standing::of(&next.decision, next.quota.capacity()));
+            }
             let (Some(rule), Some(descriptor)) = (status.rule, request.descriptors.get(count.index)) else {
                 continue;
             };
-            let standing = Standing::of(&status.decision, status.quota.capacity());
             let over = standing == Standing::Over;
             if over && !rule.shadow_mode {
                 self.log_denied(rule, || descriptor_key(descriptor.entries));

@@ -49,18 +49,24 @@ impl Generation {
             })
             .collect();
         let mut quotas = HashMap::new();
+        let mut stacked = HashMap::new();
         let mut policies = ByRule::default();
         let mut kinds = vec![settings.algorithm];
         for rule in rules.rules() {
             let kind = rule.algorithm.unwrap_or(settings.algorithm);
             if let Limit::Quota(quota) = rule.limit {
                 if redis.is_some() {
-                    sluice_redis::check_quota(kind, &quota).map_err(|source| EngineError::Redis {
-                        rule: rule.id.to_string(),
-                        source: Box::new(source),
-                    })?;
+                    for quota in std::iter::once(&quota).chain(&rule.stacked) {
+                        sluice_redis::check_quota(kind, quota).map_err(|source| EngineError::Redis {
+                            rule: rule.id.to_string(),
+                            source: Box::new(source),
+                        })?;
+                    }
                 }
                 quotas.insert(rule.id.clone(), quota);
+                if !rule.stacked.is_empty() {
+                    stacked.insert(rule.id.clone(), rule.stacked.clone());
+                }
             }
             if let Some(policy) = policy_of(rule.name.as_deref()) {
                 policies.insert(rule.id.clone(), policy);
@@ -69,7 +75,7 @@ impl Generation {
                 kinds.push(kind);
             }
         }
-        let mut table = QuotaTable::new(quotas);
+        let mut table = QuotaTable::new(quotas, stacked);
         if let Some(by_value) = &settings.by_value {
             table = table.by_value(&rules, by_value);
         }

@@ -7,7 +7,7 @@ use sluice::{CheckError, Decision, Quota};
 use sluice_descriptors::{Entry, Limit};
 use sluice_http::{CheckFuture, LimitBackend};
 
-use crate::answer::{Outcome, Status};
+use crate::answer::{Outcome, Status, tighter};
 use crate::counters::push_counter;
 use crate::decide::{Decided, with_keys};
 use crate::engine::Engine;
@@ -61,10 +61,12 @@ impl LayerBackend {
 /// the quota it was made under, if a rule limits the key.
 type Answer = (Result<Decision, CheckError>, Option<Quota>);
 
-/// The layer's answer from the engine's outcome of its one descriptor.
+/// The layer's answer from the engine's outcome of its one descriptor: of its limits (a rule's
+/// stacked quotas), the tightest.
 fn answer(outcome: &Outcome<'_, '_>) -> Answer {
-    match outcome.statuses.first() {
-        Some(status) => status.to_layer(outcome.denied),
+    let chosen = (outcome.counts.iter().zip(outcome.statuses)).reduce(tighter);
+    match chosen {
+        Some((_, status)) => status.to_layer(outcome.denied),
         None => (Ok(Status::UNLIMITED.decision), None),
     }
 }
@@ -89,7 +91,9 @@ impl LimitBackend for LayerBackend {
             value: key,
         }];
         let rule = generation.rules.find(&self.domain, &entries)?;
-        if rule.limit == Limit::Unlimited {
+        // A rule of several quotas answers with whichever is tightest, which the key alone
+        // does not tell: no quota, rather than another one's window in the fields.
+        if rule.limit == Limit::Unlimited || !rule.stacked.is_empty() {
             return None;
         }
         let kind = rule.algorithm.unwrap_or(engine.settings.algorithm);

@@ -31,8 +31,8 @@ pub struct RuleCounts {
     pub near_limit: u64,
 }
 
-/// Where a decision left its limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where a decision left its limit, from best to worst.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Standing {
     /// Admitted, a fifth of the capacity or more left.
     Within,

@@ -1,13 +1,14 @@
 //! The counters in this process: one bounded keyed limiter per algorithm the rules use. A
 //! request's limits are taken in its order; all-or-nothing gives back every take of a denied
-//! request, and limits after an ordinary limit's denial are only looked at.
+//! request, and limits after an ordinary limit's denial are only looked at. A descriptor's
+//! stacked quotas are all or nothing in either counting.
 
 use std::sync::Arc;
 
 use sluice::{AlgorithmKind, KeyedMetrics, Quota, Receipt};
 use smallvec::SmallVec;
 
-use super::{Count, Counted, CounterStore, Denial, Tally};
+use super::{Count, Counted, CounterStore, Denial, Tally, has_stacked};
 use crate::answer::Status;
 use crate::counters::AlgorithmCounters;
 use crate::settings::Counting;
@@ -74,14 +75,22 @@ impl CounterStore for InMemory {
     }
 
     fn count<'a, 'g: 'a>(&'a self, tally: &'a mut Tally<'g>, counting: Counting) -> Counted<'a> {
-        // Only a request of several limits has takes to give back.
-        let all_or_nothing = counting == Counting::AllOrNothing && tally.counts.len() > 1;
+        // Only a request of several limits has takes to give back: all of them when the
+        // request is all or nothing, else those of a descriptor whose other limits (its rule's
+        // stacked quotas) deny it.
+        let whole = counting == Counting::AllOrNothing && tally.counts.len() > 1;
+        let grouped = !whole && has_stacked(&tally.counts);
         let mut taken: SmallVec<[(usize, &dyn AlgorithmCounters, Receipt); 1]> = SmallVec::new();
         let mut denial = Denial::default();
+        // The descriptor being counted, and whether one of its limits denies it already.
+        let mut group = (usize::MAX, false);
         tally.statuses.clear();
         for (at, count) in tally.counts.iter().enumerate() {
-            // After an ordinary limit denied, the rest are only looked at.
-            let cost = if denial.settled() && all_or_nothing {
+            if count.index != group.0 {
+                group = (count.index, false);
+            }
+            // After a limit denied, the rest are only looked at.
+            let cost = if (denial.settled() && whole) || (grouped && group.1) {
                 0
             } else {
                 count.cost
@@ -93,15 +102,22 @@ impl CounterStore for InMemory {
             } else {
                 status
             };
-            if let Some((counters, receipt)) = receipt.filter(|_| all_or_nothing) {
+            if let Some((counters, receipt)) = receipt.filter(|_| whole || grouped) {
                 taken.push((at, counters, receipt));
             }
+            group.1 |= status.denies();
             denial.add(count, &status);
             tally.statuses.push(status);
         }
         let denied = denial.denied();
-        if denied && all_or_nothing {
-            for (at, counters, receipt) in taken {
+        for (at, counters, receipt) in taken {
+            let index = tally.counts[at].index;
+            let give_back = if whole {
+                denied
+            } else {
+                (tally.counts.iter().zip(&tally.statuses)).any(|(c, s)| c.index == index && s.denies())
+            };
+            if give_back {
                 let count = &tally.counts[at];
                 let key = tally.keys.get(count.key.clone()).unwrap_or_default();
                 counters.give_back(key, receipt, count.cost);

@@ -84,6 +84,12 @@ impl Denial {
     }
 }
 
+/// Whether some of `counts` belong to one descriptor (its rule's stacked quotas, planned one
+/// after another).
+pub(crate) fn has_stacked(counts: &[Count<'_>]) -> bool {
+    counts.windows(2).any(|pair| pair[0].index == pair[1].index)
+}
+
 /// A request's limits being counted, and each one's status once counted (in the same order):
 /// a descriptor with no limit has none.
 #[derive(Debug)]

@@ -8,7 +8,8 @@
 //! Redis cannot give a take back, so all-or-nothing with several limits looks first (cost 0,
 //! all at once), takes for real only where a limit would deny (a denied take consumes nothing
 //! and says when to retry), and takes the rest only if those admitted; a limit another process
-//! fills between the look and the take denies and leaves what the others took.
+//! fills between the look and the take denies and leaves what the others took. A descriptor's
+//! stacked quotas are all or nothing so, in either counting.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -18,7 +19,7 @@ use sluice::{AlgorithmKind, Decision, Quota};
 use sluice_redis::{FailurePolicy, RedisAlgorithm, RedisAlgorithmVisitor, RedisLimiter, RedisStore};
 use smallvec::SmallVec;
 
-use super::{Count, Counted, CounterStore, Denial, Tally};
+use super::{Count, Counted, CounterStore, Denial, Tally, has_stacked};
 use crate::answer::Status;
 use crate::counters::{CounterSettings, RuleQuotas};
 use crate::settings::Counting;
@@ -192,39 +193,46 @@ impl OnRedis {
         futures_util::future::join_all(takes).await
     }
 
-    /// All-or-nothing over several limits: look, then take. Whether the request is denied.
-    async fn look_then_take(&self, tally: &mut Tally<'_>) -> bool {
-        let all: SmallVec<[Place; 2]> = (0..tally.counts.len()).collect();
-        let looks = self.take_all(tally, &all, |_| 0).await;
+    /// All-or-nothing over the limits at `all`: look, then take. Whether they deny.
+    async fn look_then_take(&self, tally: &mut Tally<'_>, all: &[Place]) -> bool {
+        let looks = self.take_all(tally, all, |_| 0).await;
         // What a take would say, from the look: over if it leaves less than the cost.
-        let looked: SmallVec<[Status<'_>; 2]> = (tally.counts.iter().zip(&looks))
-            .map(|(count, (look, quota))| match look {
-                Some(look) => Status::of(count.rule, *quota, Ok(*look)).as_take(count.cost),
-                None => Status::never_fits(count.rule, *quota, count.cost),
+        let looked: SmallVec<[(Place, Status<'_>); 2]> = (all.iter().zip(&looks))
+            .map(|(&at, (look, quota))| {
+                let count = &tally.counts[at];
+                let status = match look {
+                    Some(look) => Status::of(count.rule, *quota, Ok(*look)).as_take(count.cost),
+                    None => Status::never_fits(count.rule, *quota, count.cost),
+                };
+                (at, status)
             })
             .collect();
-        if !Denial::of(&tally.counts, &looked) {
-            let decisions = self.take_all(tally, &all, |count| count.cost).await;
-            settle(tally, &all, decisions);
-            return Denial::of(&tally.counts, &tally.statuses);
+        if !denies(tally, looked.iter().map(|(at, status)| (*at, status))) {
+            let decisions = self.take_all(tally, all, |count| count.cost).await;
+            settle(tally, all, decisions);
+            return denies_at(tally, all);
         }
         // Take only where a limit would deny: a denied take consumes nothing and says when to
         // retry. The rest keep what their look said.
-        let (deciding, rest): (SmallVec<[Place; 2]>, SmallVec<[Place; 2]>) =
-            all.iter().copied().partition(|&at| looked[at].denies());
+        let (deciding, rest): (
+            SmallVec<[(Place, Status<'_>); 2]>,
+            SmallVec<[(Place, Status<'_>); 2]>,
+        ) = looked.iter().copied().partition(|(_, status)| status.denies());
+        let deciding: SmallVec<[Place; 2]> = deciding.iter().map(|(at, _)| *at).collect();
         let decisions = self.take_all(tally, &deciding, |count| count.cost).await;
         settle(tally, &deciding, decisions);
-        for &at in &rest {
-            tally.statuses[at] = looked[at];
+        for &(at, status) in &rest {
+            tally.statuses[at] = status;
         }
-        if Denial::of(&tally.counts, &tally.statuses) {
+        if denies_at(tally, all) {
             return true;
         }
         // Another process freed what was short between the look and the take: those took,
         // so the rest take too.
+        let rest: SmallVec<[Place; 2]> = rest.iter().map(|(at, _)| *at).collect();
         let decisions = self.take_all(tally, &rest, |count| count.cost).await;
         settle(tally, &rest, decisions);
-        Denial::of(&tally.counts, &tally.statuses)
+        denies_at(tally, all)
     }
 }
 
@@ -252,16 +260,50 @@ impl CounterStore for OnRedis {
         tally.statuses.extend(placeholders);
         let look_first =
             counting == Counting::AllOrNothing && tally.counts.iter().filter(|c| c.cost > 0).count() > 1;
+        let grouped = !look_first && has_stacked(&tally.counts);
         Counted::Later(Box::pin(async move {
-            if look_first {
-                return self.look_then_take(tally).await;
-            }
             let all: SmallVec<[Place; 2]> = (0..tally.counts.len()).collect();
+            if look_first {
+                return self.look_then_take(tally, &all).await;
+            }
+            if grouped {
+                // Each descriptor's stacked quotas all or nothing, the descriptors apart.
+                let mut start = 0;
+                while start < all.len() {
+                    let index = tally.counts[start].index;
+                    let end = (start..all.len())
+                        .find(|&at| tally.counts[at].index != index)
+                        .unwrap_or(all.len());
+                    let group = &all[start..end];
+                    if group.len() > 1 {
+                        self.look_then_take(tally, group).await;
+                    } else {
+                        let decisions = self.take_all(tally, group, |count| count.cost).await;
+                        settle(tally, group, decisions);
+                    }
+                    start = end;
+                }
+                return Denial::of(&tally.counts, &tally.statuses);
+            }
             let decisions = self.take_all(tally, &all, |count| count.cost).await;
             settle(tally, &all, decisions);
             Denial::of(&tally.counts, &tally.statuses)
         }))
     }
+}
+
+/// Whether the limits at `places`, with their statuses, deny ([`Denial`]).
+fn denies<'s, 'g: 's>(tally: &Tally<'g>, places: impl Iterator<Item = (Place, &'s Status<'g>)>) -> bool {
+    let mut denial = Denial::default();
+    for (at, status) in places {
+        denial.add(&tally.counts[at], status);
+    }
+    denial.denied()
+}
+
+/// Whether the limits at `places` deny, by the statuses written in `tally`.
+fn denies_at(tally: &Tally<'_>, places: &[Place]) -> bool {
+    denies(tally, places.iter().map(|&at| (at, &tally.statuses[at])))
 }
 
 /// Writes the status of each limit at `places` from its decision.

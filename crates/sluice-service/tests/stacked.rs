@@ -1,0 +1,257 @@
+//! Several quotas on one rule (`quota: ["3/h", "2/day"]`), over sockets through every front end,
+//! on memory and on a real Redis: decided all or nothing (a request one quota denies takes
+//! nothing from the others), answered by the tightest, and carried through reloads (a quota
+//! kept keeps its count, a quota added starts full).
+
+#[path = "../../sluice-redis/tests/support/mod.rs"]
+mod redis_support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+
+use axum::Router;
+use axum::routing::get;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use redis_support::RedisServer;
+use sluice_descriptors::RuleSet;
+use sluice_http::{KeyPart, RateLimitLayer};
+use sluice_redis::{FailurePolicy, RedisOptions, RedisStore};
+use sluice_service::{
+    CheckApi, Counting, Engine, EngineSettings, LayerBackend, RateLimitService, RedisCounters,
+};
+
+fn rules(quotas: &str) -> RuleSet {
+    let text = format!(
+        "domain: s\ndescriptors:\n  - key: user\n    rate_limit: {{quota: {quotas}, name: stacked}}\n  - key: team\n    rate_limit: {{quota: 5/h}}\n"
+    );
+    RuleSet::from_yaml(&text).unwrap()
+}
+
+const FIRST: &str = r#"["3/h", "2/day"]"#;
+/// The day's quota dropped: the hour's keeps its count.
+const HOUR_ONLY: &str = r#"["3/h"]"#;
+/// The hour's and the day's raised (their counts carried over) and a week's added: it starts full.
+const WITH_WEEK: &str = r#"["100/h", "100/day", "1/7day"]"#;
+
+async fn engine(redis: Option<&RedisServer>, counting: Counting) -> Arc<Engine> {
+    let settings = EngineSettings {
+        counting,
+        ..EngineSettings::default()
+    };
+    Arc::new(match redis {
+        None => Engine::new(rules(FIRST), settings).unwrap(),
+        Some(redis) => {
+            let store = RedisStore::connect(&redis.url(), RedisOptions::default())
+                .await
+                .unwrap();
+            let counters = RedisCounters {
+                policy: FailurePolicy::FailClosed,
+                prefix: format!("stacked:{}", next()),
+                ..RedisCounters::new(store)
+            };
+            Engine::on_redis(rules(FIRST), settings, counters).unwrap()
+        }
+    })
+}
+
+fn next() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+async fn listener() -> (tokio::net::TcpListener, SocketAddr) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    (listener, addr)
+}
+
+async fn exchange(addr: SocketAddr, request: String) -> (u16, String) {
+    tokio::task::spawn_blocking(move || {
+        let mut stream = TcpStream::connect(addr).unwrap();
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        let status = answer[9..12].parse().unwrap();
+        let body = answer
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        (status, body)
+    })
+    .await
+    .unwrap()
+}
+
+/// One front end: asks for user `alice` (and with `team`, a second descriptor of another
+/// rule), answering whether it was admitted and what it was told is left.
+trait FrontEnd {
+    async fn ask(&mut self, with_team: bool) -> (bool, u64);
+}
+
+struct Rls(
+    RateLimitServiceClient<tonic::transport::Channel>,
+    Option<(u32, i32)>,
+);
+
+impl FrontEnd for Rls {
+    async fn ask(&mut self, with_team: bool) -> (bool, u64) {
+        let descriptor = |key: &str, value: &str| RateLimitDescriptor {
+            entries: vec![Entry {
+                key: key.into(),
+                value: value.into(),
+            }],
+            ..Default::default()
+        };
+        let mut descriptors = vec![descriptor("user", "alice")];
+        if with_team {
+            descriptors.push(descriptor("team", "red"));
+        }
+        let request = RateLimitRequest {
+            domain: "s".into(),
+            descriptors,
+            hits_addend: 0,
+        };
+        let response = self.0.should_rate_limit(request).await.unwrap().into_inner();
+        let user = &response.statuses[0];
+        self.1 = user
+            .current_limit
+            .as_ref()
+            .map(|limit| (limit.requests_per_unit, limit.unit));
+        (response.overall_code == 1, u64::from(user.limit_remaining))
+    }
+}
+
+struct Api(SocketAddr);
+
+impl FrontEnd for Api {
+    async fn ask(&mut self, with_team: bool) -> (bool, u64) {
+        let team = if with_team {
+            r#",{"entries":[{"key":"team","value":"red"}]}"#
+        } else {
+            ""
+        };
+        let body = format!(
+            r#"{{"domain":"s","descriptors":[{{"entries":[{{"key":"user","value":"alice"}}]}}{team}]}}"#
+        );
+        let request = format!(
+            "POST /v1/check HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let (status, body) = exchange(self.0, request).await;
+        assert_eq!(status, 200, "{body}");
+        let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let left = body["statuses"][0]["limit_remaining"].as_u64().unwrap();
+        (body["overall_code"] == "OK", left)
+    }
+}
+
+struct Layer(SocketAddr);
+
+impl FrontEnd for Layer {
+    async fn ask(&mut self, _with_team: bool) -> (bool, u64) {
+        let request = "GET / HTTP/1.1\r\nhost: t\r\nx-user: alice\r\nconnection: close\r\n\r\n".to_owned();
+        let (status, body) = exchange(self.0, request).await;
+        assert!(status == 200 || status == 429, "{status} {body}");
+        (status == 200, u64::MAX)
+    }
+}
+
+/// The scenario every front end runs: 3 an hour and 2 a day.
+async fn scenario(front: &mut impl FrontEnd, engine: &Engine, tells_remaining: bool) {
+    let mut told = Vec::new();
+    for _ in 0..4 {
+        told.push(front.ask(false).await);
+    }
+    let admitted: Vec<bool> = told.iter().map(|(ok, _)| *ok).collect();
+    // The day's quota runs out first; the hour's keeps one (the denials took nothing).
+    assert_eq!(admitted, [true, true, false, false]);
+    if tells_remaining {
+        // The tightest answers: the day's (1 left after the first, of 2), then nothing.
+        let left: Vec<u64> = told.iter().map(|(_, left)| *left).collect();
+        assert_eq!(left, [1, 0, 0, 0]);
+    }
+
+    engine.reload(rules(HOUR_ONLY)).unwrap();
+    assert!(
+        front.ask(false).await.0,
+        "the hour's quota kept one: the denials took nothing"
+    );
+    assert!(!front.ask(false).await.0, "the hour's quota is spent");
+
+    engine.reload(rules(WITH_WEEK)).unwrap();
+    assert!(
+        front.ask(false).await.0,
+        "the week's quota starts full, the others have room"
+    );
+    assert!(!front.ask(false).await.0, "the week's quota is spent");
+}
+
+async fn every_front_end(redis: Option<&RedisServer>) {
+    // RLS, with the denying quota named.
+    let rls_engine = engine(redis, Counting::AllOrNothing).await;
+    let (socket, addr) = listener().await;
+    tokio::spawn(RateLimitService::new(Arc::clone(&rls_engine)).serve(socket, std::future::pending()));
+    let client = RateLimitServiceClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let mut rls = Rls(client, None);
+    for _ in 0..3 {
+        rls.ask(false).await;
+    }
+    assert_eq!(rls.1, Some((2, Unit::Day as i32)), "the day's quota denied");
+    let rls_engine = engine(redis, Counting::AllOrNothing).await;
+    let (socket, addr) = listener().await;
+    tokio::spawn(RateLimitService::new(Arc::clone(&rls_engine)).serve(socket, std::future::pending()));
+    let client = RateLimitServiceClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    scenario(&mut Rls(client, None), &rls_engine, true).await;
+
+    let api_engine = engine(redis, Counting::AllOrNothing).await;
+    let (socket, addr) = listener().await;
+    tokio::spawn(CheckApi::new(Arc::clone(&api_engine)).serve(socket, std::future::pending()));
+    scenario(&mut Api(addr), &api_engine, true).await;
+
+    let layer_engine = engine(redis, Counting::AllOrNothing).await;
+    let layer = RateLimitLayer::builder(LayerBackend::new(Arc::clone(&layer_engine), "s", "user"))
+        .key([KeyPart::Header("x-user".parse().unwrap())])
+        .build()
+        .unwrap();
+    let router = Router::new().route("/", get(|| async { "ok" })).layer(layer);
+    let (socket, addr) = listener().await;
+    tokio::spawn(async move { axum::serve(socket, router).await });
+    scenario(&mut Layer(addr), &layer_engine, false).await;
+
+    // Independent counting: the user's quotas stay all or nothing beside another descriptor.
+    let independent = engine(redis, Counting::Independent).await;
+    let (socket, addr) = listener().await;
+    tokio::spawn(CheckApi::new(Arc::clone(&independent)).serve(socket, std::future::pending()));
+    let mut api = Api(addr);
+    for _ in 0..2 {
+        assert!(api.ask(true).await.0);
+    }
+    assert!(!api.ask(true).await.0, "the user's day is spent");
+    independent.reload(rules(HOUR_ONLY)).unwrap();
+    // Had the denial taken from the hour, nothing would be left of it.
+    assert!(
+        api.ask(false).await.0,
+        "the denied request took nothing of the hour's quota"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_memory() {
+    every_front_end(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis() {
+    let redis = RedisServer::start();
+    every_front_end(Some(&redis)).await;
+}
