@@ -214,7 +214,11 @@ async fn rule_stats(State(observed): State<Observed>) -> Response {
                 rule: report.rule.to_string(),
                 name: report.name,
                 limit: match report.limit {
-                    Limit::Quota(quota) => quota.to_string(),
+                    Limit::Quota(quota) => std::iter::once(&quota)
+                        .chain(&report.stacked)
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", "),
                     Limit::Unlimited => "unlimited".into(),
                 },
                 shadow_mode: report.shadow_mode,

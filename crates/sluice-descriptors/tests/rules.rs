@@ -72,6 +72,26 @@ descriptors:
     assert_eq!(rules.len(), 6);
 }
 
+/// `quota: [..]`: the first is the rule's limit, the others its stacked quotas; any period
+/// works (`5/30s`, `100/90min`).
+#[test]
+fn a_rule_holds_several_quotas() {
+    let rules = RuleSet::from_yaml(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {quota: [\"10/s burst 20\", 1000/day, 5/30s, 100/90min]}\n  - key: j\n    rate_limit: {quota: 1/s}\n",
+    )
+    .unwrap();
+    let find = |key: &str| rules.find("d", &[Entry { key, value: "v" }]).unwrap();
+    let several = find("k");
+    assert_eq!(several.limit, Limit::Quota("10/s burst 20".parse().unwrap()));
+    let stacked: Vec<String> = several.stacked.iter().map(ToString::to_string).collect();
+    let expected: Vec<String> = ["1000/day", "5/30s", "100/90min"]
+        .iter()
+        .map(|text| text.parse::<sluice::Quota>().unwrap().to_string())
+        .collect();
+    assert_eq!(stacked, expected);
+    assert!(find("j").stacked.is_empty());
+}
+
 #[test]
 fn errors_name_the_field() {
     let cases = [
@@ -124,6 +144,22 @@ fn errors_name_the_field() {
         (
             "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n",
             "descriptors[0].rate_limit.requests_per_unit",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {quota: [1/s, often]}\n",
+            "descriptors[0].rate_limit.quota[1]",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {quota: []}\n",
+            "descriptors[0].rate_limit.quota",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {quota: [1/s, 2/s, 3/s, 4/s, 5/s, 6/s, 7/s, 8/s, 9/s]}\n",
+            "descriptors[0].rate_limit.quota",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {quota: [1/s, 100/day], unit: second}\n",
+            "descriptors[0].rate_limit.quota",
         ),
     ];
     for (text, field) in cases {

@@ -54,6 +54,9 @@ pub struct DescriptorStatus {
     pub reset_after: Duration,
     /// Until this descriptor's hits could be admitted (zero if admitted).
     pub retry_after: Duration,
+    /// With several limits (its rule's quotas, `quota: [..]`): each one's status, in the rule's
+    /// order, of which the fields above are the tightest's; empty with one.
+    pub each: Vec<DescriptorStatus>,
 }
 
 /// A request's answer.
@@ -188,6 +191,7 @@ impl<'g> Status<'g> {
                 remaining: 0,
                 reset_after: Duration::ZERO,
                 retry_after: Duration::ZERO,
+                each: Vec::new(),
             };
         };
         let d = self.decision;
@@ -207,6 +211,7 @@ impl<'g> Status<'g> {
             } else {
                 d.retry_after()
             },
+            each: Vec::new(),
         }
     }
 }
@@ -232,11 +237,16 @@ impl Outcome<'_, '_> {
                 // A descriptor of several limits (its rule's stacked quotas) answers with the
                 // tightest.
                 let mut chosen = None;
+                let mut each = Vec::new();
                 while let Some(next) = counted.next_if(|(count, _)| count.index == index) {
+                    each.push(next.1.to_public(next.0.quota_mode));
                     chosen = Some(chosen.map_or(next, |best| tighter(best, next)));
                 }
                 match chosen {
-                    Some((count, status)) => status.to_public(count.quota_mode),
+                    Some((count, status)) => DescriptorStatus {
+                        each: if each.len() > 1 { each } else { Vec::new() },
+                        ..status.to_public(count.quota_mode)
+                    },
                     None => Status::UNLIMITED.to_public(false),
                 }
             })

@@ -125,6 +125,9 @@ struct StatusBody {
     duration_until_reset_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     retry_after_ms: Option<u64>,
+    /// Each limit of a descriptor of several (its rule's quotas), in the rule's order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    limits: Vec<StatusBody>,
 }
 
 #[derive(Serialize)]
@@ -281,6 +284,7 @@ fn status_body(status: &DescriptorStatus) -> StatusBody {
         limit_remaining: status.remaining,
         duration_until_reset_ms: millis(status.reset_after),
         retry_after_ms: (status.code == Code::OverLimit).then(|| millis(status.retry_after)),
+        limits: status.each.iter().map(status_body).collect(),
     }
 }
 

@@ -105,8 +105,10 @@ pub struct RuleReport {
     pub rule: RuleId,
     /// Its name, if it has one.
     pub name: Option<String>,
-    /// Its limit.
+    /// Its limit (with several quotas, the first).
     pub limit: Limit,
+    /// Its quotas after the first ([`sluice_descriptors::Rule::stacked`]).
+    pub stacked: Vec<sluice::Quota>,
     /// In shadow mode.
     pub shadow_mode: bool,
     /// Its decisions so far (since it took this place, across reloads).
@@ -297,6 +299,7 @@ impl Engine {
                     rule: rule.id.clone(),
                     name: rule.name.clone(),
                     limit: rule.limit,
+                    stacked: rule.stacked.clone(),
                     shadow_mode: rule.shadow_mode,
                     counts: stats.map(|s| s.counts()).unwrap_or_default(),
                     by_label: stats.map(|s| s.labels()).unwrap_or_default(),

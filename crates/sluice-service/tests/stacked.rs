@@ -127,7 +127,8 @@ impl FrontEnd for Rls {
     }
 }
 
-struct Api(SocketAddr);
+/// The check API, keeping its last answer.
+struct Api(SocketAddr, serde_json::Value);
 
 impl FrontEnd for Api {
     async fn ask(&mut self, with_team: bool) -> (bool, u64) {
@@ -147,7 +148,9 @@ impl FrontEnd for Api {
         assert_eq!(status, 200, "{body}");
         let body: serde_json::Value = serde_json::from_str(&body).unwrap();
         let left = body["statuses"][0]["limit_remaining"].as_u64().unwrap();
-        (body["overall_code"] == "OK", left)
+        let ok = body["overall_code"] == "OK";
+        self.1 = body;
+        (ok, left)
     }
 }
 
@@ -216,7 +219,23 @@ async fn every_front_end(redis: Option<&RedisServer>) {
     let api_engine = engine(redis, Counting::AllOrNothing).await;
     let (socket, addr) = listener().await;
     tokio::spawn(CheckApi::new(Arc::clone(&api_engine)).serve(socket, std::future::pending()));
-    scenario(&mut Api(addr), &api_engine, true).await;
+    let mut api = Api(addr, serde_json::Value::Null);
+    scenario(&mut api, &api_engine, true).await;
+    // The check API lists every limit of the descriptor, in the rule's order: after the week's
+    // denial, the hour's and the day's have room and the week's none.
+    let limits = api.1["statuses"][0]["limits"].as_array().unwrap_or_else(|| panic!("{}", api.1));
+    let each: Vec<(&str, &str, u64)> = (limits.iter())
+        .map(|limit| {
+            let quota = limit["current_limit"]["quota"].as_str().unwrap();
+            (limit["code"].as_str().unwrap(), quota, limit["limit_remaining"].as_u64().unwrap())
+        })
+        .collect();
+    assert_eq!(
+        each,
+        [("OK", "100/h", 96), ("OK", "100/day", 97), ("OVER_LIMIT", "1/7day", 0)],
+        "{}",
+        api.1
+    );
 
     let layer_engine = engine(redis, Counting::AllOrNothing).await;
     let layer = RateLimitLayer::builder(LayerBackend::new(Arc::clone(&layer_engine), "s", "user"))
@@ -232,7 +251,7 @@ async fn every_front_end(redis: Option<&RedisServer>) {
     let independent = engine(redis, Counting::Independent).await;
     let (socket, addr) = listener().await;
     tokio::spawn(CheckApi::new(Arc::clone(&independent)).serve(socket, std::future::pending()));
-    let mut api = Api(addr);
+    let mut api = Api(addr, serde_json::Value::Null);
     for _ in 0..2 {
         assert!(api.ask(true).await.0);
     }
