@@ -298,19 +298,22 @@ fn accounts_backend(engine: &Arc<Engine>) -> LayerBackend {
     LayerBackend::new(Arc::clone(engine), ACCOUNTS_DOMAIN, ACCOUNT_KEY)
 }
 
-/// The accounts map as rules of one domain: each account's quota for its own value of the
+/// The accounts map as rules of one domain: each account's quotas for its own value of the
 /// request's key, and the unknown-key quota for every other value.
 fn accounts_rules(settings: &Settings) -> Result<RuleSet, sluice_descriptors::RulesError> {
     let accounts = settings
         .accounts
         .iter()
         .map(|(name, quota)| (name.clone(), *quota));
-    let domain = DomainRules::by_value(
+    let mut domain = DomainRules::by_value(
         ACCOUNTS_DOMAIN,
         ACCOUNT_KEY,
         accounts,
         Some(settings.limiter.unknown),
     )?;
+    for (name, quotas) in &settings.accounts_stacked {
+        domain.stack(ACCOUNT_KEY, name, quotas.clone())?;
+    }
     RuleSet::from_domains(vec![domain])
 }
 

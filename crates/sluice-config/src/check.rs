@@ -190,7 +190,7 @@ impl RawConfig {
         };
         let key_parts = key_parts(&self.key, ipv6_prefix)?;
         let max_key_len = self.key.max_length;
-        let (accounts, server_waits, by_account) = self.accounts(&limiter)?;
+        let ((accounts, accounts_stacked), server_waits, by_account) = self.accounts(&limiter)?;
         for (i, key) in self.bypass.iter().enumerate() {
             fits_key(format!("bypass[{i}]"), key, max_key_len)?;
         }
@@ -245,6 +245,7 @@ impl RawConfig {
             max_headers,
             limiter,
             accounts,
+            accounts_stacked,
             key_parts,
             default_key: self.key.default,
             max_key_len,
@@ -355,10 +356,11 @@ impl RawConfig {
     fn accounts(
         &self,
         limiter: &LimiterSettings,
-    ) -> Result<(HashMap<String, Quota>, Waits, HashMap<String, WaitPolicy>), ConfigError> {
+    ) -> Result<(Accounts, Waits, HashMap<String, WaitPolicy>), ConfigError> {
         let (algorithm, on_redis) = (limiter.algorithm, limiter.redis.is_some());
         let max_key_len = self.key.max_length;
         let mut accounts = HashMap::with_capacity(self.accounts.len());
+        let mut stacked = HashMap::new();
         // The accounts become rules of one domain: as many as a domain holds.
         if self.accounts.len() > sluice_descriptors::MAX_DESCRIPTORS {
             return Err(error(
@@ -388,24 +390,48 @@ impl RawConfig {
                 let waits = server_waits.with(&format!("{field}."), wait)?;
                 by_account.insert(name.clone(), waits.policy());
             }
-            let text = &account.quota;
             let field = if account.wait.is_some() {
                 format!("{field}.quota")
             } else {
                 field
             };
-            let mut q = quota(&field, text)?;
-            let burst = self.burst.filter(|_| !text.contains("burst") && !q.is_deny_all());
-            if let Some(burst) = burst {
-                q = q
-                    .with_capacity(burst)
-                    .map_err(|e| error(&field, format!("burst {burst} with {text:?}: {e}")))?;
+            let texts = &account.quotas;
+            let most = sluice_descriptors::MAX_STACKED + 1;
+            if texts.is_empty() || texts.len() > most {
+                let told = format!("a list of 1 to {most} quotas, not {}", texts.len());
+                return Err(error(&field, told));
             }
-            accounts.insert(name.clone(), held(algorithm, on_redis, &field, q)?);
+            let mut quotas = Vec::with_capacity(texts.len());
+            for (i, text) in texts.iter().enumerate() {
+                let field = if texts.len() > 1 {
+                    format!("{field}[{i}]")
+                } else {
+                    field.clone()
+                };
+                let mut q = quota(&field, text)?;
+                // `burst` shapes the account's first quota (a day's quota has no burst to take).
+                let burst = self
+                    .burst
+                    .filter(|_| i == 0 && !text.contains("burst") && !q.is_deny_all());
+                if let Some(burst) = burst {
+                    q = q
+                        .with_capacity(burst)
+                        .map_err(|e| error(&field, format!("burst {burst} with {text:?}: {e}")))?;
+                }
+                quotas.push(held(algorithm, on_redis, &field, q)?);
+            }
+            let first = quotas.remove(0);
+            accounts.insert(name.clone(), first);
+            if !quotas.is_empty() {
+                stacked.insert(name.clone(), quotas);
+            }
         }
-        Ok((accounts, server_waits, by_account))
+        Ok(((accounts, stacked), server_waits, by_account))
     }
 }
+
+/// Each account's first quota, and the others of those with several.
+type Accounts = (HashMap<String, Quota>, HashMap<String, Vec<Quota>>);
 
 /// `quota` if the keys' algorithm can hold it (and, on Redis, the script's numbers too:
 /// refused here rather than denying every request for it at run time).

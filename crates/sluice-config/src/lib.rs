@@ -231,6 +231,20 @@ pub struct Settings {
     pub limiter: LimiterSettings,
     /// Quotas by key.
     pub accounts: HashMap<String, Quota>,
+    /// The quotas after the first of each account given several (`alice: [1/s, 100/day]`),
+    /// every one enforced, all or nothing. (`burst` shapes an account's first quota only.)
+    ///
+    /// ```
+    /// let s = sluice_config::parse("accounts:\n  alice: [10/s, 1000/day]\n  bob: {quota: [1/s, 5/min], on_excess: wait}\n")?;
+    /// assert_eq!(s.accounts["alice"], "10/s".parse()?);
+    /// assert_eq!(s.accounts_stacked["alice"], ["1000/day".parse()?]);
+    /// assert_eq!(s.accounts_stacked["bob"], ["5/min".parse()?]);
+    /// let e = sluice_config::parse("accounts:\n  carol: [1/s, often]\n").unwrap_err();
+    /// assert_eq!(e.field, "accounts.carol[1]");
+    /// assert_eq!(sluice_config::parse("accounts:\n  dave: []\n").unwrap_err().field, "accounts.dave");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub accounts_stacked: HashMap<String, Vec<Quota>>,
     /// What a key is made of.
     pub key_parts: Vec<KeyPart>,
     /// The key of a request that does not say who it is.

@@ -297,19 +297,36 @@ pub(super) struct RawWait {
     pub queue_order: Option<String>,
 }
 
-/// An account as written: its quota, or `{quota, on_excess, max_wait, queue_limit,
-/// queue_order}`.
+/// An account as written: its quota, a list of quotas (`[1/s, 100/day]`, every one enforced),
+/// or `{quota, on_excess, max_wait, queue_limit, queue_order}` (`quota` one or a list).
 #[derive(Debug)]
 pub(super) struct RawAccount {
-    pub quota: String,
+    pub quotas: Vec<String>,
     pub wait: Option<RawWait>,
+}
+
+/// One quota's text, or several.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            Self::One(text) => vec![text],
+            Self::Many(texts) => texts,
+        }
+    }
 }
 
 /// `{quota, ...}`: an account with its own way of waiting.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawAccountMap {
-    quota: String,
+    quota: OneOrMany,
     #[serde(default)]
     on_excess: Option<String>,
     #[serde(default)]
@@ -326,18 +343,22 @@ impl<'de> Deserialize<'de> for RawAccount {
         impl<'de> serde::de::Visitor<'de> for Either {
             type Value = RawAccount;
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a quota (COUNT/PERIOD [burst N]), or {quota, on_excess, max_wait, queue_limit, queue_order}")
+                f.write_str("a quota (COUNT/PERIOD [burst N]), a list of quotas, or {quota, on_excess, max_wait, queue_limit, queue_order}")
             }
             fn visit_str<E: serde::de::Error>(self, quota: &str) -> Result<RawAccount, E> {
                 Ok(RawAccount {
-                    quota: quota.to_owned(),
+                    quotas: vec![quota.to_owned()],
                     wait: None,
                 })
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<RawAccount, A::Error> {
+                let quotas = Vec::<String>::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))?;
+                Ok(RawAccount { quotas, wait: None })
             }
             fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<RawAccount, A::Error> {
                 let account = RawAccountMap::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
                 Ok(RawAccount {
-                    quota: account.quota,
+                    quotas: account.quota.into_vec(),
                     wait: Some(RawWait {
                         on_excess: account.on_excess,
                         max_wait: account.max_wait,

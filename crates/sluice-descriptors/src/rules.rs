@@ -283,6 +283,40 @@ impl DomainRules {
         })
     }
 
+    /// Gives the rule of `key`'s exact `value` (one of [`DomainRules::by_value`]'s) further
+    /// quotas, enforced with its own all or nothing ([`Rule::stacked`]).
+    ///
+    /// # Errors
+    /// No rule for that value, or more than [`MAX_STACKED`] quotas.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice_descriptors::{DomainRules, Entry, RuleSet};
+    /// let mut domain = DomainRules::by_value("accounts", "account", [("alice".to_string(), "1/s".parse()?)], None)?;
+    /// domain.stack("account", "alice", vec!["100/day".parse()?])?;
+    /// assert!(domain.stack("account", "bob", vec!["1/h".parse()?]).is_err());
+    /// let rules = RuleSet::from_domains(vec![domain])?;
+    /// let alice = rules.find("accounts", &[Entry { key: "account", value: "alice" }]).unwrap();
+    /// assert_eq!(alice.stacked, ["100/day".parse()?]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn stack(&mut self, key: &str, value: &str, quotas: Vec<Quota>) -> Result<(), RulesError> {
+        let field = || format!("value {value:?}");
+        if quotas.len() > MAX_STACKED {
+            let told = format!("{} quotas beside the first, at most {MAX_STACKED}", quotas.len());
+            return Err(RulesError::new(field(), told));
+        }
+        let rule = (self.top.exact.get(key))
+            .and_then(|values| values.get(value))
+            .and_then(|&index| self.nodes.get_mut(index))
+            .and_then(|node| node.rule.as_mut());
+        let Some(rule) = rule else {
+            return Err(RulesError::new(field(), "no rule for this value"));
+        };
+        rule.stacked = quotas;
+        Ok(())
+    }
+
     /// The rule for a request descriptor: the entries walked level by level; at each, an
     /// exact value first, then the first wildcard value that matches, then the key alone. The rule
     /// is that of the node the last entry reaches, if it has a limit.

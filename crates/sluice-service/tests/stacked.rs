@@ -223,16 +223,26 @@ async fn every_front_end(redis: Option<&RedisServer>) {
     scenario(&mut api, &api_engine, true).await;
     // The check API lists every limit of the descriptor, in the rule's order: after the week's
     // denial, the hour's and the day's have room and the week's none.
-    let limits = api.1["statuses"][0]["limits"].as_array().unwrap_or_else(|| panic!("{}", api.1));
+    let limits = api.1["statuses"][0]["limits"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{}", api.1));
     let each: Vec<(&str, &str, u64)> = (limits.iter())
         .map(|limit| {
             let quota = limit["current_limit"]["quota"].as_str().unwrap();
-            (limit["code"].as_str().unwrap(), quota, limit["limit_remaining"].as_u64().unwrap())
+            (
+                limit["code"].as_str().unwrap(),
+                quota,
+                limit["limit_remaining"].as_u64().unwrap(),
+            )
         })
         .collect();
     assert_eq!(
         each,
-        [("OK", "100/h", 96), ("OK", "100/day", 97), ("OVER_LIMIT", "1/7day", 0)],
+        [
+            ("OK", "100/h", 96),
+            ("OK", "100/day", 97),
+            ("OVER_LIMIT", "1/7day", 0)
+        ],
         "{}",
         api.1
     );

@@ -197,7 +197,7 @@ impl OnRedis {
     async fn look_then_take(&self, tally: &mut Tally<'_>, all: &[Place]) -> bool {
         let looks = self.take_all(tally, all, |_| 0).await;
         // What a take would say, from the look: over if it leaves less than the cost.
-        let looked: SmallVec<[(Place, Status<'_>); 2]> = (all.iter().zip(&looks))
+        let looked: Looked<'_> = (all.iter().zip(&looks))
             .map(|(&at, (look, quota))| {
                 let count = &tally.counts[at];
                 let status = match look {
@@ -214,10 +214,8 @@ impl OnRedis {
         }
         // Take only where a limit would deny: a denied take consumes nothing and says when to
         // retry. The rest keep what their look said.
-        let (deciding, rest): (
-            SmallVec<[(Place, Status<'_>); 2]>,
-            SmallVec<[(Place, Status<'_>); 2]>,
-        ) = looked.iter().copied().partition(|(_, status)| status.denies());
+        let (deciding, rest): (Looked<'_>, Looked<'_>) =
+            looked.iter().copied().partition(|(_, status)| status.denies());
         let deciding: SmallVec<[Place; 2]> = deciding.iter().map(|(at, _)| *at).collect();
         let decisions = self.take_all(tally, &deciding, |count| count.cost).await;
         settle(tally, &deciding, decisions);
@@ -238,6 +236,9 @@ impl OnRedis {
 
 /// A limit's place in its tally.
 type Place = usize;
+
+/// Limits with the status a look gave them.
+type Looked<'g> = SmallVec<[(Place, Status<'g>); 2]>;
 
 impl CounterStore for OnRedis {
     fn has(&self, kind: AlgorithmKind) -> bool {
