@@ -34,11 +34,12 @@ accounts:
 YAML
 }
 
-# Builds bench target NAME of the sluice crate and prints its executable's path.
-bench_binary() { # name
+# Builds bench target NAME of PACKAGE (the sluice crate by default) and prints its
+# executable's path.
+bench_binary() { # name [package]
   local log
   log=$(mktemp)
-  if ! cargo bench -p sluice --bench "$1" --no-run --message-format=json >"$log" 2>"$log.err"; then
+  if ! cargo bench -p "${2:-sluice}" --bench "$1" --no-run --message-format=json >"$log" 2>"$log.err"; then
     echo "building the $1 bench failed:" >&2
     cat "$log.err" >&2
     rm -f "$log" "$log.err"

@@ -1,8 +1,11 @@
 //! The cost of one decision of the descriptor engine, with Limitador's in-memory rate limiter
 //! (`limitador::RateLimiter`, the library under Limitador's own RLS server) as the reference.
 //!
-//! Run with `cargo bench -p sluice-service --bench descriptors` (add `hot` or `distinct_1m`
-//! to run one group). Ids are `group/implementation`.
+//! Run with `cargo bench -p sluice-service --bench descriptors` (add `hot`, `distinct_1m` or
+//! `stacked` to run one group). Ids are `group/implementation`.
+//!
+//! - `stacked`: `hot` on a rule of two quotas (`quota: [.., ..]`) beside one of one, and
+//!   Limitador with two limits on the key beside one.
 //!
 //! Both sides hold one limit on a descriptor key `user`, one counter per value, far above what
 //! a run reaches, so every check is an admission that writes its counter: sluice a key-only
@@ -45,10 +48,19 @@ fn now<T>(future: impl Future<Output = T>) -> T {
     }
 }
 
+/// A quota no run reaches, and a second one for `stacked` (the same, per hour).
+const QUOTA: &str = "\"1000000000/s burst 1000000\"";
+const SECOND_QUOTA: &str = "\"1000000000/h burst 1000000\"";
+
 fn engine() -> Engine {
-    let rules = RuleSet::from_yaml(
-        "domain: bench\ndescriptors:\n  - key: user\n    rate_limit: {quota: \"1000000000/s burst 1000000\"}\n",
-    )
+    engine_on(QUOTA)
+}
+
+/// An engine whose `user` rule holds `quota` (a quota, or a list of them).
+fn engine_on(quota: &str) -> Engine {
+    let rules = RuleSet::from_yaml(&format!(
+        "domain: bench\ndescriptors:\n  - key: user\n    rate_limit: {{quota: {quota}}}\n"
+    ))
     .expect("the bench's rules");
     let settings = EngineSettings {
         counters: CounterSettings {
@@ -76,9 +88,17 @@ fn sluice_admits(engine: &Engine, request: &CheckRequest) -> bool {
 }
 
 fn limitador() -> RateLimiter {
+    limitador_of(&[1])
+}
+
+/// Limitador with one limit on `user` per window length of `seconds` (its way of holding
+/// several limits on one key).
+fn limitador_of(seconds: &[u64]) -> RateLimiter {
     let limiter = RateLimiter::new(CAPACITY as u64);
-    let user = "user".try_into().expect("a CEL variable");
-    limiter.add_limit(Limit::new("bench", 1_000_000_000, 1, [], [user]));
+    for &seconds in seconds {
+        let user = "user".try_into().expect("a CEL variable");
+        limiter.add_limit(Limit::new("bench", 1_000_000_000, seconds, [], [user]));
+    }
     limiter
 }
 
@@ -148,5 +168,33 @@ fn distinct_1m(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, hot, distinct_1m);
+/// `hot` with two quotas on the rule (`quota: [.., ..]`, decided all or nothing) beside one;
+/// Limitador with two limits on the key beside one.
+fn stacked(c: &mut Criterion) {
+    let mut group = c.benchmark_group("stacked");
+    let one = engine();
+    let two = engine_on(&format!("[{QUOTA}, {SECOND_QUOTA}]"));
+    let request = request("alice".into());
+    let (limitador_one, limitador_two) = (limitador(), limitador_of(&[1, 3600]));
+    let ctx = context("alice".into());
+    for _ in 0..1000 {
+        assert!(sluice_admits(&one, &request) && sluice_admits(&two, &request));
+        assert!(limitador_admits(&limitador_one, &ctx) && limitador_admits(&limitador_two, &ctx));
+    }
+    group.bench_function("sluice_one_quota", |b| {
+        b.iter(|| sluice_admits(&one, black_box(&request)))
+    });
+    group.bench_function("sluice_two_quotas", |b| {
+        b.iter(|| sluice_admits(&two, black_box(&request)))
+    });
+    group.bench_function("limitador_one_limit", |b| {
+        b.iter(|| limitador_admits(&limitador_one, black_box(&ctx)))
+    });
+    group.bench_function("limitador_two_limits", |b| {
+        b.iter(|| limitador_admits(&limitador_two, black_box(&ctx)))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, hot, distinct_1m, stacked);
 criterion_main!(benches);

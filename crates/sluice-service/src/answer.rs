@@ -236,18 +236,26 @@ impl Outcome<'_, '_> {
             .map(|index| {
                 // A descriptor of several limits (its rule's stacked quotas) answers with the
                 // tightest.
-                let mut chosen = None;
-                let mut each = Vec::new();
+                let Some(first) = counted.next_if(|(count, _)| count.index == index) else {
+                    return Status::UNLIMITED.to_public(false);
+                };
+                let Some(second) = counted.next_if(|(count, _)| count.index == index) else {
+                    return first.1.to_public(first.0.quota_mode);
+                };
+                // Several limits: each listed, the tightest answering.
+                let mut each = vec![
+                    first.1.to_public(first.0.quota_mode),
+                    second.1.to_public(second.0.quota_mode),
+                ];
+                let mut chosen = tighter(first, second);
                 while let Some(next) = counted.next_if(|(count, _)| count.index == index) {
                     each.push(next.1.to_public(next.0.quota_mode));
-                    chosen = Some(chosen.map_or(next, |best| tighter(best, next)));
+                    chosen = tighter(chosen, next);
                 }
-                match chosen {
-                    Some((count, status)) => DescriptorStatus {
-                        each: if each.len() > 1 { each } else { Vec::new() },
-                        ..status.to_public(count.quota_mode)
-                    },
-                    None => Status::UNLIMITED.to_public(false),
+                let (count, status) = chosen;
+                DescriptorStatus {
+                    each,
+                    ..status.to_public(count.quota_mode)
                 }
             })
             .collect();

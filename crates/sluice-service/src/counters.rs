@@ -39,14 +39,16 @@ pub(crate) fn push_counter(key: &mut String, rule: &Rule, entries: &[Entry<'_>],
     push_counter_key(key, rule, entries);
 }
 
-/// Appends to `key` the key of the counter of `entries` under `rule`'s `nth` stacked quota
-/// (from 1; [`Rule::stacked`], at most [`sluice_descriptors::MAX_STACKED`]): a counter of its
-/// own, so each quota counts apart, and adding one to a rule leaves the others' counts.
-pub(crate) fn push_stacked_counter(key: &mut String, rule: &Rule, entries: &[Entry<'_>], nth: usize) {
-    key.push(BY_STACKED);
+/// Appends to `keys` the key of the counter of a rule's `nth` stacked quota (from 1;
+/// [`Rule::stacked`], at most [`sluice_descriptors::MAX_STACKED`]) for the descriptor whose
+/// counter under the rule's own quota ([`push_counter`], without an override) is at `first` in
+/// `keys`: a counter of its own, so each quota counts apart and adding one to a rule leaves
+/// the others' counts. Copied from the first rather than escaped again.
+pub(crate) fn push_stacked_counter(keys: &mut String, first: std::ops::Range<usize>, nth: usize) {
+    keys.push(BY_STACKED);
     // One digit: a rule holds at most 7 stacked quotas.
-    key.push(char::from(b'0' + (nth % 10) as u8));
-    push_counter_key(key, rule, entries);
+    keys.push(char::from(b'0' + (nth % 10) as u8));
+    keys.extend_from_within(first.start + BY_RULE.len_utf8()..first.end);
 }
 
 /// A source of quotas by descriptor value: what [`ValueQuotas`] asks.

@@ -91,15 +91,17 @@ impl Engine {
                 // One descriptor of one limit (every HTTP layer request of a rule with one
                 // quota): the same plan, take and record, with no list to hold and nothing to
                 // give back.
-                let lone = match request.descriptors {
+                let single = match request.descriptors {
                     [descriptor] if !generation.replacing => {
                         let rule = (generation.rules.domain(request.domain))
                             .and_then(|domain| domain.find(descriptor.entries));
-                        rule.is_none_or(|rule| rule.stacked.is_empty() || descriptor.limit.is_some())
-                            .then_some((descriptor, rule))
+                        Some((descriptor, rule))
                     }
                     _ => None,
                 };
+                let lone = single.filter(|(descriptor, rule)| {
+                    rule.is_none_or(|rule| rule.stacked.is_empty() || descriptor.limit.is_some())
+                });
                 if let Some((descriptor, rule)) = lone {
                     let mut keys = KEYS.with(Cell::take);
                     keys.clear();
@@ -125,7 +127,14 @@ impl Engine {
                     }
                 }
                 let mut tally = Tally::new(KEYS.with(Cell::take));
-                self.plan(&generation, request, peek, &mut tally);
+                match single {
+                    // One descriptor of several limits: its rule is found already.
+                    Some((descriptor, Some(rule))) => {
+                        tally.keys.clear();
+                        self.plan_one(&generation, (0, descriptor, rule), peek, &mut tally);
+                    }
+                    _ => self.plan(&generation, request, peek, &mut tally),
+                }
                 let now = match generation.store.count(&mut tally, self.settings.counting) {
                     Counted::Now(denied) => Some(denied),
                     Counted::Later(_) => None,
@@ -227,10 +236,11 @@ impl Engine {
             &[]
         };
         let (index, kind, cost, quota_mode) = (count.index, count.kind, count.cost, count.quota_mode);
+        let first = count.key.clone();
         tally.counts.push(count);
         for (nth, quota) in (1..).zip(stacked) {
             let start = tally.keys.len();
-            push_stacked_counter(&mut tally.keys, rule, descriptor.entries, nth);
+            push_stacked_counter(&mut tally.keys, first.clone(), nth);
             tally.counts.push(Count {
                 index,
                 rule,

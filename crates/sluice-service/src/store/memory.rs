@@ -80,7 +80,7 @@ impl CounterStore for InMemory {
         // stacked quotas) deny it.
         let whole = counting == Counting::AllOrNothing && tally.counts.len() > 1;
         let grouped = !whole && has_stacked(&tally.counts);
-        let mut taken: SmallVec<[(usize, &dyn AlgorithmCounters, Receipt); 1]> = SmallVec::new();
+        let mut taken: SmallVec<[(usize, &dyn AlgorithmCounters, Receipt); 2]> = SmallVec::new();
         let mut denial = Denial::default();
         // The descriptor being counted, and whether one of its limits denies it already.
         let mut group = (usize::MAX, false);

@@ -96,8 +96,9 @@ pub(crate) fn has_stacked(counts: &[Count<'_>]) -> bool {
 pub(crate) struct Tally<'g> {
     /// The counters' keys, one after another.
     pub(crate) keys: String,
-    pub(crate) counts: SmallVec<[Count<'g>; 1]>,
-    pub(crate) statuses: SmallVec<[Status<'g>; 1]>,
+    /// Two inline: a rule of two quotas, or two descriptors, allocate nothing.
+    pub(crate) counts: SmallVec<[Count<'g>; 2]>,
+    pub(crate) statuses: SmallVec<[Status<'g>; 2]>,
 }
 
 impl Tally<'_> {
