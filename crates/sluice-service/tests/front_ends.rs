@@ -8,9 +8,8 @@
 mod fields;
 #[path = "../../sluice-redis/tests/support/mod.rs"]
 mod redis_support;
+mod sockets;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 
 use axum::Router;
@@ -27,6 +26,7 @@ use sluice_service::{
     CheckApi, Engine, EngineSettings, FieldSet, FrontEnd, LayerBackend, RateLimitService, RedisCounters,
     RuleCounts,
 };
+use sockets::{exchange, listener, unique};
 
 const RULES: &str = r#"
 domain: d
@@ -110,42 +110,12 @@ async fn engine_with(redis: Option<&RedisServer>, settings: EngineSettings) -> A
             let counters = RedisCounters {
                 policy: FailurePolicy::FailClosed,
                 // Each engine on its own keys: the front ends are compared, not shared.
-                prefix: format!("front-ends:{}", rand_suffix()),
+                prefix: format!("front-ends:{}", unique()),
                 ..RedisCounters::new(store)
             };
             Engine::on_redis(rules, settings, counters).unwrap()
         }
     })
-}
-
-fn rand_suffix() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    NEXT.fetch_add(1, Ordering::Relaxed)
-}
-
-async fn listener() -> (tokio::net::TcpListener, SocketAddr) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    (listener, addr)
-}
-
-/// Sends `request` on a new connection; the status code and the body.
-async fn exchange(addr: SocketAddr, request: String) -> (u16, String) {
-    tokio::task::spawn_blocking(move || {
-        let mut stream = TcpStream::connect(addr).unwrap();
-        stream.write_all(request.as_bytes()).unwrap();
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer).unwrap();
-        let status = answer[9..12].parse().unwrap();
-        let body = answer
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default();
-        (status, body)
-    })
-    .await
-    .unwrap()
 }
 
 /// The HTTP layer in front of a handler, keyed by `x-account-id`: each request admitted or not.

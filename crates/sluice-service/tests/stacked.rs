@@ -5,9 +5,9 @@
 
 #[path = "../../sluice-redis/tests/support/mod.rs"]
 mod redis_support;
+mod sockets;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
@@ -24,6 +24,7 @@ use sluice_redis::{FailurePolicy, RedisOptions, RedisStore};
 use sluice_service::{
     CheckApi, Counting, Engine, EngineSettings, LayerBackend, RateLimitService, RedisCounters,
 };
+use sockets::{exchange, listener, unique};
 
 fn rules(quotas: &str) -> RuleSet {
     let text = format!(
@@ -51,41 +52,12 @@ async fn engine(redis: Option<&RedisServer>, counting: Counting) -> Arc<Engine> 
                 .unwrap();
             let counters = RedisCounters {
                 policy: FailurePolicy::FailClosed,
-                prefix: format!("stacked:{}", next()),
+                prefix: format!("stacked:{}", unique()),
                 ..RedisCounters::new(store)
             };
             Engine::on_redis(rules(FIRST), settings, counters).unwrap()
         }
     })
-}
-
-fn next() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    NEXT.fetch_add(1, Ordering::Relaxed)
-}
-
-async fn listener() -> (tokio::net::TcpListener, SocketAddr) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    (listener, addr)
-}
-
-async fn exchange(addr: SocketAddr, request: String) -> (u16, String) {
-    tokio::task::spawn_blocking(move || {
-        let mut stream = TcpStream::connect(addr).unwrap();
-        stream.write_all(request.as_bytes()).unwrap();
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer).unwrap();
-        let status = answer[9..12].parse().unwrap();
-        let body = answer
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default();
-        (status, body)
-    })
-    .await
-    .unwrap()
 }
 
 /// One front end: asks for user `alice` (and with `team`, a second descriptor of another
@@ -195,26 +167,26 @@ async fn scenario(front: &mut impl FrontEnd, engine: &Engine, tells_remaining: b
     assert!(!front.ask(false).await.0, "the week's quota is spent");
 }
 
-async fn every_front_end(redis: Option<&RedisServer>) {
-    // RLS, with the denying quota named.
-    let rls_engine = engine(redis, Counting::AllOrNothing).await;
+/// RLS on an engine of its own, and the engine.
+async fn serve_rls(redis: Option<&RedisServer>) -> (Rls, Arc<Engine>) {
+    let engine = engine(redis, Counting::AllOrNothing).await;
     let (socket, addr) = listener().await;
-    tokio::spawn(RateLimitService::new(Arc::clone(&rls_engine)).serve(socket, std::future::pending()));
+    tokio::spawn(RateLimitService::new(Arc::clone(&engine)).serve(socket, std::future::pending()));
     let client = RateLimitServiceClient::connect(format!("http://{addr}"))
         .await
         .unwrap();
-    let mut rls = Rls(client, None);
+    (Rls(client, None), engine)
+}
+
+async fn every_front_end(redis: Option<&RedisServer>) {
+    // RLS, with the denying quota named.
+    let (mut rls, _) = serve_rls(redis).await;
     for _ in 0..3 {
         rls.ask(false).await;
     }
     assert_eq!(rls.1, Some((2, Unit::Day as i32)), "the day's quota denied");
-    let rls_engine = engine(redis, Counting::AllOrNothing).await;
-    let (socket, addr) = listener().await;
-    tokio::spawn(RateLimitService::new(Arc::clone(&rls_engine)).serve(socket, std::future::pending()));
-    let client = RateLimitServiceClient::connect(format!("http://{addr}"))
-        .await
-        .unwrap();
-    scenario(&mut Rls(client, None), &rls_engine, true).await;
+    let (mut rls, rls_engine) = serve_rls(redis).await;
+    scenario(&mut rls, &rls_engine, true).await;
 
     let api_engine = engine(redis, Counting::AllOrNothing).await;
     let (socket, addr) = listener().await;
