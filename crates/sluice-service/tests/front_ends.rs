@@ -5,15 +5,16 @@
 //! The layer asks one single-entry descriptor per request, so the nested and `replaces` cases,
 //! which need several entries or descriptors, run through RLS and the check API only.
 
+mod common;
 mod fields;
 #[path = "../../sluice-redis/tests/support/mod.rs"]
 mod redis_support;
-mod sockets;
 
 use std::sync::Arc;
 
 use axum::Router;
 use axum::routing::get;
+use common::{engine_on, exchange, listener};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -21,12 +22,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use redis_support::RedisServer;
 use sluice_descriptors::RuleSet;
 use sluice_http::{KeyPart, RateLimitLayer};
-use sluice_redis::{FailurePolicy, RedisOptions, RedisStore};
 use sluice_service::{
-    CheckApi, Engine, EngineSettings, FieldSet, FrontEnd, LayerBackend, RateLimitService, RedisCounters,
-    RuleCounts,
+    CheckApi, Engine, EngineSettings, FieldSet, FrontEnd, LayerBackend, RateLimitService, RuleCounts,
 };
-use sockets::{exchange, listener, unique};
 
 const RULES: &str = r#"
 domain: d
@@ -100,22 +98,8 @@ async fn engine(redis: Option<&RedisServer>) -> Arc<Engine> {
 }
 
 async fn engine_with(redis: Option<&RedisServer>, settings: EngineSettings) -> Arc<Engine> {
-    let rules = RuleSet::from_yaml(RULES).unwrap();
-    Arc::new(match redis {
-        None => Engine::new(rules, settings).unwrap(),
-        Some(redis) => {
-            let store = RedisStore::connect(&redis.url(), RedisOptions::default())
-                .await
-                .unwrap();
-            let counters = RedisCounters {
-                policy: FailurePolicy::FailClosed,
-                // Each engine on its own keys: the front ends are compared, not shared.
-                prefix: format!("front-ends:{}", unique()),
-                ..RedisCounters::new(store)
-            };
-            Engine::on_redis(rules, settings, counters).unwrap()
-        }
-    })
+    // Each engine on its own keys: the front ends are compared, not shared.
+    engine_on(redis, "front-ends", RuleSet::from_yaml(RULES).unwrap(), settings).await
 }
 
 /// The HTTP layer in front of a handler, keyed by `x-account-id`: each request admitted or not.

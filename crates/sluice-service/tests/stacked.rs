@@ -3,15 +3,16 @@
 //! nothing from the others), answered by the tightest, and carried through reloads (a quota
 //! kept keeps its count, a quota added starts full).
 
+mod common;
 #[path = "../../sluice-redis/tests/support/mod.rs"]
 mod redis_support;
-mod sockets;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
 use axum::routing::get;
+use common::{engine_on, exchange, listener};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -20,11 +21,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use redis_support::RedisServer;
 use sluice_descriptors::RuleSet;
 use sluice_http::{KeyPart, RateLimitLayer};
-use sluice_redis::{FailurePolicy, RedisOptions, RedisStore};
-use sluice_service::{
-    CheckApi, Counting, Engine, EngineSettings, LayerBackend, RateLimitService, RedisCounters,
-};
-use sockets::{exchange, listener, unique};
+use sluice_service::{CheckApi, Counting, Engine, EngineSettings, LayerBackend, RateLimitService};
 
 fn rules(quotas: &str) -> RuleSet {
     let text = format!(
@@ -44,20 +41,7 @@ async fn engine(redis: Option<&RedisServer>, counting: Counting) -> Arc<Engine> 
         counting,
         ..EngineSettings::default()
     };
-    Arc::new(match redis {
-        None => Engine::new(rules(FIRST), settings).unwrap(),
-        Some(redis) => {
-            let store = RedisStore::connect(&redis.url(), RedisOptions::default())
-                .await
-                .unwrap();
-            let counters = RedisCounters {
-                policy: FailurePolicy::FailClosed,
-                prefix: format!("stacked:{}", unique()),
-                ..RedisCounters::new(store)
-            };
-            Engine::on_redis(rules(FIRST), settings, counters).unwrap()
-        }
-    })
+    engine_on(redis, "stacked", rules(FIRST), settings).await
 }
 
 /// One front end: asks for user `alice` (and with `team`, a second descriptor of another
