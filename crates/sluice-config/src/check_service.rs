@@ -144,7 +144,9 @@ pub(super) fn rules_fit_redis(
     for rule in rules.rules() {
         if let sluice_descriptors::Limit::Quota(quota) = rule.limit {
             let kind = rule.algorithm.unwrap_or(algorithm);
-            sluice_redis::check_quota(kind, &quota).map_err(|e| format!("rule {}: {e}", rule.id))?;
+            for quota in std::iter::once(&quota).chain(&rule.stacked) {
+                sluice_redis::check_quota(kind, quota).map_err(|e| format!("rule {}: {e}", rule.id))?;
+            }
         }
     }
     Ok(())

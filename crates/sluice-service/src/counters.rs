@@ -42,8 +42,10 @@ pub(crate) fn push_counter(key: &mut String, rule: &Rule, entries: &[Entry<'_>],
 /// Appends to `keys` the key of the counter of a rule's `nth` stacked quota (from 1;
 /// [`Rule::stacked`], at most [`sluice_descriptors::MAX_STACKED`]) for the descriptor whose
 /// counter under the rule's own quota ([`push_counter`], without an override) is at `first` in
-/// `keys`: a counter of its own, so each quota counts apart and adding one to a rule leaves
-/// the others' counts. Copied from the first rather than escaped again.
+/// `keys`: a counter of its own, so each quota counts apart. Keyed by the quota's place in the
+/// rule's list: a quota appended leaves the others' counts; one inserted shifts the later
+/// quotas onto their predecessors' counters (carried over as any changed quota is). Copied from
+/// the first rather than escaped again.
 pub(crate) fn push_stacked_counter(keys: &mut String, first: std::ops::Range<usize>, nth: usize) {
     keys.push(BY_STACKED);
     // One digit: a rule holds at most 7 stacked quotas.

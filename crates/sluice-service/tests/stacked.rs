@@ -230,13 +230,44 @@ async fn every_front_end(redis: Option<&RedisServer>) {
     );
 }
 
+/// The user's rule in quota mode, then in shadow mode: its quotas are one limit, over when any
+/// of them is (quota mode denies by it, as the request has no other quota-mode limit), and a
+/// quota over takes nothing from the others (shadow mode counts as enforcement would).
+async fn quota_and_shadow_mode(redis: Option<&RedisServer>) {
+    for (mode, denies) in [("quota_mode", true), ("shadow_mode", false)] {
+        let text = format!(
+            "domain: s\ndescriptors:\n  - key: user\n    {mode}: true\n    rate_limit: {{quota: {FIRST}}}\n"
+        );
+        let settings = EngineSettings::default();
+        let engine = engine_on(redis, mode, RuleSet::from_yaml(&text).unwrap(), settings).await;
+        let (socket, addr) = listener().await;
+        tokio::spawn(CheckApi::new(Arc::clone(&engine)).serve(socket, std::future::pending()));
+        let mut api = Api(addr, serde_json::Value::Null);
+        let admitted = [
+            api.ask(false).await.0,
+            api.ask(false).await.0,
+            api.ask(false).await.0,
+        ];
+        assert_eq!(admitted, [true, true, !denies], "{mode}: {}", api.1);
+        assert_eq!(api.1["statuses"][0]["code"], "OVER_LIMIT", "{mode}: {}", api.1);
+        // The third took nothing of the hour's: with the day's dropped, one is left.
+        engine
+            .reload(RuleSet::from_yaml(&text.replace(FIRST, HOUR_ONLY)).unwrap())
+            .unwrap();
+        let left = api.ask(false).await;
+        assert_eq!(left, (true, 0), "{mode}: {}", api.1);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_memory() {
     every_front_end(None).await;
+    quota_and_shadow_mode(None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_redis() {
     let redis = RedisServer::start();
     every_front_end(Some(&redis)).await;
+    quota_and_shadow_mode(Some(&redis)).await;
 }

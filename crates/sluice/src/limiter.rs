@@ -274,10 +274,12 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
     /// The limit in force, until `pinned` drops or loads again.
     #[inline(always)]
     fn load<'p>(&'p self, pinned: &'p mut Pinned) -> &'p Limit<A> {
-        let replaced = pinned.protect(&self.current);
-        if replaced.is_null() {
+        // The first limit is never freed and `current` never goes back to null: nothing to
+        // announce (announcing null would read as an idle slot to a check nested in this one).
+        if self.current.load(Ordering::Acquire).is_null() {
             return &self.first;
         }
+        let replaced = pinned.protect(&self.current);
         // SAFETY: a non-null `current` holds the pointer of `installed.current`, freed only
         // with the limiter (not while `&self` lives), or of one just retired, which is freed
         // only by a scan that finds no slot naming it (`Installed::reclaim`); `protect` returns

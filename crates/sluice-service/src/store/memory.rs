@@ -76,13 +76,14 @@ impl CounterStore for InMemory {
 
     fn count<'a, 'g: 'a>(&'a self, tally: &'a mut Tally<'g>, counting: Counting) -> Counted<'a> {
         // Only a request of several limits has takes to give back: all of them when the
-        // request is all or nothing, else those of a descriptor whose other limits (its rule's
-        // stacked quotas) deny it.
+        // request is all or nothing and denied, and those of a descriptor one of whose limits
+        // (its rule's stacked quotas) is over, in either counting.
         let whole = counting == Counting::AllOrNothing && tally.counts.len() > 1;
         let grouped = !whole && has_stacked(&tally.counts);
         let mut taken: SmallVec<[(usize, &dyn AlgorithmCounters, Receipt); 2]> = SmallVec::new();
         let mut denial = Denial::default();
-        // The descriptor being counted, and whether one of its limits denies it already.
+        // The descriptor being counted, and whether one of its limits is over already (in
+        // shadow mode too: counted as enforcement would count it).
         let mut group = (usize::MAX, false);
         tally.statuses.clear();
         for (at, count) in tally.counts.iter().enumerate() {
@@ -105,18 +106,16 @@ impl CounterStore for InMemory {
             if let Some((counters, receipt)) = receipt.filter(|_| whole || grouped) {
                 taken.push((at, counters, receipt));
             }
-            group.1 |= status.denies();
+            group.1 |= status.is_over();
             denial.add(count, &status);
             tally.statuses.push(status);
         }
         let denied = denial.denied();
         for (at, counters, receipt) in taken {
             let index = tally.counts[at].index;
-            let give_back = if whole {
-                denied
-            } else {
-                (tally.counts.iter().zip(&tally.statuses)).any(|(c, s)| c.index == index && s.denies())
-            };
+            let group_over = (tally.counts.iter().zip(&tally.statuses))
+                .any(|(count, status)| count.index == index && status.is_over());
+            let give_back = (whole && denied) || group_over;
             if give_back {
                 let count = &tally.counts[at];
                 let key = tally.keys.get(count.key.clone()).unwrap_or_default();

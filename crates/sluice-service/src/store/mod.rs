@@ -48,6 +48,10 @@ pub(crate) struct Denial {
     ordinary: bool,
     quota_limits: u32,
     quota_over: u32,
+    /// The descriptor of the last quota-mode limit added, and whether it was counted over: a
+    /// descriptor's limits (its rule's stacked quotas, added one after another) are one
+    /// quota-mode limit, over if any of them is.
+    quota_descriptor: Option<(usize, bool)>,
 }
 
 impl Denial {
@@ -55,8 +59,20 @@ impl Denial {
     #[inline]
     pub(crate) fn add(&mut self, count: &Count<'_>, status: &Status<'_>) {
         if count.quota_mode {
-            self.quota_limits += 1;
-            self.quota_over += u32::from(status.denies());
+            let denies = status.denies();
+            match self.quota_descriptor {
+                Some((index, over)) if index == count.index => {
+                    if denies && !over {
+                        self.quota_over += 1;
+                        self.quota_descriptor = Some((index, true));
+                    }
+                }
+                _ => {
+                    self.quota_limits += 1;
+                    self.quota_over += u32::from(denies);
+                    self.quota_descriptor = Some((count.index, denies));
+                }
+            }
         } else {
             self.ordinary |= status.denies();
         }

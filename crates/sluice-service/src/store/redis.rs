@@ -193,7 +193,9 @@ impl OnRedis {
         futures_util::future::join_all(takes).await
     }
 
-    /// All-or-nothing over the limits at `all`: look, then take. Whether they deny.
+    /// All-or-nothing over the limits at `all`: look, then take. Whether they deny. A
+    /// descriptor one of whose limits is over (in shadow mode too) takes nothing from its
+    /// others, as in memory.
     async fn look_then_take(&self, tally: &mut Tally<'_>, all: &[Place]) -> bool {
         let looks = self.take_all(tally, all, |_| 0).await;
         // What a take would say, from the look: over if it leaves less than the cost.
@@ -207,9 +209,20 @@ impl OnRedis {
                 (at, status)
             })
             .collect();
+        // The descriptors with a limit over.
+        let over: SmallVec<[usize; 2]> = (looked.iter())
+            .filter(|(_, status)| status.is_over())
+            .map(|(at, _)| tally.counts[*at].index)
+            .collect();
         if !denies(tally, looked.iter().map(|(at, status)| (*at, status))) {
-            let decisions = self.take_all(tally, all, |count| count.cost).await;
-            settle(tally, all, decisions);
+            let (taking, kept): (Looked<'_>, Looked<'_>) =
+                (looked.iter().copied()).partition(|(at, _)| !over.contains(&tally.counts[*at].index));
+            let taking: SmallVec<[Place; 2]> = taking.iter().map(|(at, _)| *at).collect();
+            let decisions = self.take_all(tally, &taking, |count| count.cost).await;
+            settle(tally, &taking, decisions);
+            for &(at, status) in &kept {
+                tally.statuses[at] = status;
+            }
             return denies_at(tally, all);
         }
         // Take only where a limit would deny: a denied take consumes nothing and says when to
