@@ -336,6 +336,15 @@ impl FieldPolicy {
         })
     }
 
+    /// The policy's name, as its fields write it.
+    ///
+    /// ```
+    /// assert_eq!(sluice_http::FieldPolicy::new("per_user").unwrap().name(), "per_user");
+    /// ```
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// The fields of `decision` under `quota`: `RateLimit-Policy`, `RateLimit`, the
     /// `X-RateLimit-*` trio and, on a denial, `Retry-After`.
     pub fn fields(&self, decision: &Decision, quota: Option<Quota>) -> HeaderMap {

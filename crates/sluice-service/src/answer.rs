@@ -333,13 +333,15 @@ impl Outcome<'_, '_> {
         let Some((chosen_at, status)) = chosen else {
             return Vec::new();
         };
-        let fields_of = |status: &Status<'_>| {
-            let policy = status
-                .rule
-                .and_then(|rule| self.generation.policies.get(&rule.id))?;
+        let fields_of = |at: usize, status: &Status<'_>| {
+            let rule = status.rule?;
+            let policy = match self.counts.get(at).map_or(0, |count| count.nth) {
+                0 => self.generation.policies.get(&rule.id)?,
+                nth => self.generation.stacked_policies.get(&rule.id)?.get(nth - 1)?,
+            };
             Some(policy.fields(&status.decision, Some(status.quota)))
         };
-        let Some(fields) = fields_of(status) else {
+        let Some(fields) = fields_of(chosen_at, status) else {
             return Vec::new();
         };
         let wanted = |name: &str| match set {
@@ -355,7 +357,7 @@ impl Outcome<'_, '_> {
             .collect();
         let others = (self.statuses.iter().enumerate())
             .filter(|(at, status)| *at != chosen_at && counts(status))
-            .filter_map(|(_, status)| fields_of(status));
+            .filter_map(|(at, status)| fields_of(at, status));
         for other in others {
             for (name, list) in &mut answer {
                 if !name.starts_with("ratelimit") {

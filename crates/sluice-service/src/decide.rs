@@ -249,6 +249,7 @@ impl Engine {
                 cost,
                 quota: *quota,
                 quota_mode,
+                nth,
             });
         }
     }
@@ -281,6 +282,7 @@ impl Engine {
             cost: if peek { 0 } else { descriptor.hits },
             quota,
             quota_mode: rule.quota_mode || self.settings.quota_mode,
+            nth: 0,
         })
     }
 

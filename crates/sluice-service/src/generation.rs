@@ -18,6 +18,9 @@ pub(crate) struct Generation {
     pub(crate) rules: RuleSet,
     /// The policies answers name, by rule.
     pub(crate) policies: ByRule<FieldPolicy>,
+    /// The policies of the stacked quotas of the rules that have them, in order: the rule's
+    /// own name with `-2`, `-3`... so each item of the fields has a name of its own.
+    pub(crate) stacked_policies: ByRule<Vec<FieldPolicy>>,
     /// The quotas of its rules, by counter key.
     pub(crate) quotas: RuleQuotas,
     pub(crate) store: Box<dyn CounterStore>,
@@ -51,6 +54,7 @@ impl Generation {
         let mut quotas = HashMap::new();
         let mut stacked = HashMap::new();
         let mut policies = ByRule::default();
+        let mut stacked_policies = ByRule::default();
         let mut kinds = vec![settings.algorithm];
         for rule in rules.rules() {
             let kind = rule.algorithm.unwrap_or(settings.algorithm);
@@ -69,7 +73,14 @@ impl Generation {
                 }
             }
             if let Some(policy) = policy_of(rule.name.as_deref()) {
+                let base = policy.name().to_owned();
                 policies.insert(rule.id.clone(), policy);
+                let stacked: Vec<FieldPolicy> = (2..=rule.stacked.len() + 1)
+                    .filter_map(|n| FieldPolicy::new(format!("{base}-{n}")))
+                    .collect();
+                if !stacked.is_empty() {
+                    stacked_policies.insert(rule.id.clone(), stacked);
+                }
             }
             if !kinds.contains(&kind) {
                 kinds.push(kind);
@@ -119,6 +130,7 @@ impl Generation {
             replacing,
             rules,
             policies,
+            stacked_policies,
             quotas,
             store,
             stats,

@@ -4,6 +4,7 @@
 //! kept keeps its count, a quota added starts full).
 
 mod common;
+mod fields;
 #[path = "../../sluice-redis/tests/support/mod.rs"]
 mod redis_support;
 
@@ -21,7 +22,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use redis_support::RedisServer;
 use sluice_descriptors::RuleSet;
 use sluice_http::{KeyPart, RateLimitLayer};
-use sluice_service::{CheckApi, Counting, Engine, EngineSettings, LayerBackend, RateLimitService};
+use sluice_service::{CheckApi, Counting, Engine, EngineSettings, FieldSet, LayerBackend, RateLimitService};
 
 fn rules(quotas: &str) -> RuleSet {
     let text = format!(
@@ -259,10 +260,40 @@ async fn quota_and_shadow_mode(redis: Option<&RedisServer>) {
     }
 }
 
+/// The fields name each quota of the rule apart (`stacked`, `stacked-2`), the tightest first.
+async fn the_fields_name_each_quota(redis: Option<&RedisServer>) {
+    let settings = EngineSettings {
+        headers: FieldSet::Draft,
+        ..EngineSettings::default()
+    };
+    let engine = engine_on(redis, "fields", rules(FIRST), settings).await;
+    let (socket, addr) = listener().await;
+    tokio::spawn(CheckApi::new(engine).serve(socket, std::future::pending()));
+    let mut api = Api(addr, serde_json::Value::Null);
+    api.ask(false).await;
+    let field = |name: &str| {
+        let headers = api.1["headers"].as_array().unwrap_or_else(|| panic!("{}", api.1));
+        let found = headers.iter().find(|h| h["name"] == name);
+        found.unwrap_or_else(|| panic!("no {name}: {}", api.1))["value"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    // The day's (1 of 2 left) is tighter than the hour's (2 of 3).
+    assert_eq!(
+        fields::items(&field("ratelimit-policy")),
+        [
+            fields::item("stacked-2", &[("q", 2), ("w", 86_400)]),
+            fields::item("stacked", &[("q", 3), ("w", 3600)])
+        ]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_memory() {
     every_front_end(None).await;
     quota_and_shadow_mode(None).await;
+    the_fields_name_each_quota(None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -270,4 +301,5 @@ async fn on_redis() {
     let redis = RedisServer::start();
     every_front_end(Some(&redis)).await;
     quota_and_shadow_mode(Some(&redis)).await;
+    the_fields_name_each_quota(Some(&redis)).await;
 }

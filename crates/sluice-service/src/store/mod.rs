@@ -37,6 +37,8 @@ pub(crate) struct Count<'g> {
     pub(crate) quota: Quota,
     /// Over its limit, it denies only with every other quota-mode limit of the request.
     pub(crate) quota_mode: bool,
+    /// Which of its rule's quotas: 0 its own, `n` its `n`th stacked one.
+    pub(crate) nth: usize,
 }
 
 /// Whether a request's counted limits deny it, as envoy ratelimit decides with quota mode: any
