@@ -139,7 +139,7 @@ struct Series {
     counts: RuleCounts,
 }
 
-fn series(rules: &[RuleReport], per_domain: bool) -> Vec<Series> {
+fn series(rules: &[RuleReport], retired: &[(String, RuleCounts)], per_domain: bool) -> Vec<Series> {
     if !per_domain {
         return (rules.iter())
             .map(|rule| Series {
@@ -149,26 +149,23 @@ fn series(rules: &[RuleReport], per_domain: bool) -> Vec<Series> {
             })
             .collect();
     }
+    // A domain's sum takes in the rules reloads dropped, so it never goes down.
+    let counted = (rules.iter()).map(|rule| (&rule.domain, rule.counts));
+    let dropped = retired.iter().map(|(domain, counts)| (domain, *counts));
     let mut domains: Vec<Series> = Vec::new();
-    for rule in rules {
-        let at = match domains.iter().position(|d| d.domain == rule.domain) {
+    for (domain, counts) in counted.chain(dropped) {
+        let at = match domains.iter().position(|d| d.domain == *domain) {
             Some(at) => at,
             None => {
                 domains.push(Series {
-                    domain: rule.domain.clone(),
+                    domain: domain.clone(),
                     rule: None,
                     counts: RuleCounts::default(),
                 });
                 domains.len() - 1
             }
         };
-        let sum = &mut domains[at].counts;
-        let c = &rule.counts;
-        sum.allowed = sum.allowed.saturating_add(c.allowed);
-        sum.denied = sum.denied.saturating_add(c.denied);
-        sum.shadow_denied = sum.shadow_denied.saturating_add(c.shadow_denied);
-        sum.hits = sum.hits.saturating_add(c.hits);
-        sum.near_limit = sum.near_limit.saturating_add(c.near_limit);
+        domains[at].counts += counts;
     }
     domains
 }
@@ -193,8 +190,8 @@ impl Collector for Observed {
         let engines = self.engines();
         let per_domain = self.state.metrics_per_domain.load(Relaxed);
         let reports: Vec<_> = engines.iter().map(|(name, e)| (*name, e.rule_counts())).collect();
-        let all: Vec<_> = (reports.iter())
-            .map(|(engine, rules)| (*engine, series(rules, per_domain)))
+        let all: Vec<_> = (reports.iter().zip(&engines))
+            .map(|((engine, rules), (_, e))| (*engine, series(rules, &e.retired_counts(), per_domain)))
             .collect();
 
         let mut m = family(

@@ -308,6 +308,36 @@ impl Engine {
             .collect()
     }
 
+    /// By domain, the decisions of rules that reloads have dropped since this engine started:
+    /// added to a domain's sum, it never goes down.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice_descriptors::RuleSet;
+    /// use sluice_service::{CheckRequest, DescriptorRequest, Engine, EngineSettings};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let engine = Engine::new(RuleSet::from_yaml("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {quota: 1/h}\n")?, EngineSettings::default())?;
+    /// let request = CheckRequest {
+    ///     domain: "d".into(),
+    ///     descriptors: vec![DescriptorRequest { entries: vec![("k".into(), "v".into())], ..Default::default() }],
+    ///     hits: None,
+    /// };
+    /// engine.check(&request, false).await?;
+    /// engine.reload(RuleSet::from_yaml("domain: d\ndescriptors: []\n")?)?;
+    /// let retired = engine.retired_counts();
+    /// assert_eq!((retired[0].0.as_str(), retired[0].1.allowed), ("d", 1));
+    /// # Ok(()) }
+    /// ```
+    pub fn retired_counts(&self) -> Vec<(String, RuleCounts)> {
+        let generation = self.current.load();
+        let mut retired: Vec<(String, RuleCounts)> = (generation.retired.iter())
+            .map(|(domain, counts)| (domain.clone(), *counts))
+            .collect();
+        retired.sort_by(|a, b| a.0.cmp(&b.0));
+        retired
+    }
+
     /// The keys `rule` (its place as [`RuleId`]'s text reads, or its name) denied most over
     /// about the last minute, most first, at most `n`; `None` if no rule is so called.
     pub fn top_denied(&self, rule: &str, n: usize) -> Option<Vec<(String, u64)>> {

@@ -10,7 +10,7 @@ use sluice_http::FieldPolicy;
 use crate::counters::{self, QuotaTable, RuleQuotas};
 use crate::engine::EngineError;
 use crate::settings::EngineSettings;
-use crate::stats::RuleStats;
+use crate::stats::{RuleCounts, RuleStats};
 use crate::store::{CounterStore, InMemory, OnRedis, RedisCounters};
 
 /// One generation of rules and the counters they are counted on.
@@ -29,6 +29,9 @@ pub(crate) struct Generation {
     /// Each rule's decisions, carried from the generation before while the rule keeps its
     /// place.
     pub(crate) stats: ByRule<Arc<RuleStats>>,
+    /// By domain, the decisions of rules earlier generations had and this one has not: a sum
+    /// per domain keeps them, so it never goes down when a reload drops a rule.
+    pub(crate) retired: HashMap<String, RuleCounts>,
 }
 
 /// A map by rule, read by every decision.
@@ -126,6 +129,7 @@ impl Generation {
             }
         };
         let replacing = rules.rules().any(|rule| !rule.replaces.is_empty());
+        let retired = previous.map(|p| p.retired_into(&stats)).unwrap_or_default();
         Ok(Self {
             replacing,
             rules,
@@ -134,7 +138,22 @@ impl Generation {
             quotas,
             store,
             stats,
+            retired,
         })
+    }
+
+    /// The decisions by domain of rules this generation had or inherited and `kept` (the next
+    /// generation's rules) has not.
+    fn retired_into(&self, kept: &ByRule<Arc<RuleStats>>) -> HashMap<String, RuleCounts> {
+        let mut retired = self.retired.clone();
+        for domain in self.rules.domains() {
+            for rule in domain.rules() {
+                if let Some(stats) = self.stats.get(&rule.id).filter(|_| !kept.contains_key(&rule.id)) {
+                    *retired.entry(domain.name().to_owned()).or_default() += stats.counts();
+                }
+            }
+        }
+        retired
     }
 
     /// Whether limits of `kind` are counted in this generation.

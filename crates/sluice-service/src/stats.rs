@@ -31,6 +31,17 @@ pub struct RuleCounts {
     pub near_limit: u64,
 }
 
+impl std::ops::AddAssign for RuleCounts {
+    /// Adds `other`'s counts (saturating).
+    fn add_assign(&mut self, other: Self) {
+        self.allowed = self.allowed.saturating_add(other.allowed);
+        self.denied = self.denied.saturating_add(other.denied);
+        self.shadow_denied = self.shadow_denied.saturating_add(other.shadow_denied);
+        self.hits = self.hits.saturating_add(other.hits);
+        self.near_limit = self.near_limit.saturating_add(other.near_limit);
+    }
+}
+
 /// Where a decision left its limit, from best to worst.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Standing {

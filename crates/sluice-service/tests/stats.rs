@@ -109,4 +109,21 @@ async fn decisions_are_counted_per_rule_and_kept_across_a_reload() {
         .await
         .unwrap();
     assert_eq!(counts(&engine, "edge: user").allowed, 4);
+    assert!(engine.retired_counts().is_empty(), "no rule was dropped");
+
+    // A reload that drops a rule keeps its decisions in its domain's retired sum, so a sum per
+    // domain never goes down; a later reload carries them on.
+    let without_ip = RULES.split("  - key: ip").next().unwrap().to_owned();
+    engine.reload(RuleSet::from_yaml(&without_ip).unwrap()).unwrap();
+    engine.reload(RuleSet::from_yaml(&without_ip).unwrap()).unwrap();
+    let retired = engine.retired_counts();
+    assert_eq!(retired.len(), 1, "{retired:?}");
+    assert_eq!(
+        (
+            retired[0].0.as_str(),
+            retired[0].1.allowed,
+            retired[0].1.shadow_denied
+        ),
+        ("edge", 1, 2)
+    );
 }
