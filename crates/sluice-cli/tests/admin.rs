@@ -178,6 +178,32 @@ fn metrics_count_what_clients_were_told_and_top_names_the_flooded_keys() {
     );
 }
 
+/// On Redis as in memory: the keys denied most across every rule, and the admissions near
+/// the limit, counted from the store's answers.
+#[test]
+fn top_across_rules_and_near_limit_on_redis() {
+    let redis = RedisServer::start();
+    let (server, _dir) = start(CONFIG, &["--redis", &redis.url()]);
+    let mut client = server.client();
+    // alice: 3 an hour; the third admission leaves nothing, the next two are denied.
+    let told: Vec<u16> = (0..5)
+        .map(|_| client.as_account(Some("alice@example.com")).status)
+        .collect();
+    assert_eq!(told, [200, 200, 200, 429, 429]);
+    let top = admin(&server).get("/v1/top?n=1", &[]);
+    assert_eq!(top.status, 200, "{top:?}");
+    let top: serde_json::Value = serde_json::from_str(&top.body).unwrap();
+    assert_eq!(top["keys"][0]["key"], "account=alice@example.com", "{top}");
+    assert_eq!(
+        top["keys"][0]["rule"], "accounts: account=alice@example.com",
+        "{top}"
+    );
+    assert_eq!(top["keys"][0]["denied"], 2, "{top}");
+    let body = admin(&server).get("/metrics", &[]).body;
+    let rule = "rule=\"accounts: account=alice@example.com\"";
+    assert_eq!(sample(&body, "sluice_near_limit_total", &[rule]), 1);
+}
+
 /// `metrics: {per_rule: false}` sums every rule of a domain into one series per outcome (and
 /// drops the per-value series); a reload back to the default brings the rules' series back.
 #[test]
