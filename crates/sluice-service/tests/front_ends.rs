@@ -287,16 +287,7 @@ async fn the_fields_list_every_limit(redis: Option<&RedisServer>) {
     let (status, body) = exchange(addr, json_request(&[&[("account", "bob")], &[("plan", "gold")]])).await;
     assert_eq!(status, 200, "{body}");
     let body: serde_json::Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
-    let field = |name: &str| -> String {
-        let headers = body["headers"]
-            .as_array()
-            .unwrap_or_else(|| panic!("no headers: {body}"));
-        let found = headers.iter().find(|h| h["name"] == name);
-        found.unwrap_or_else(|| panic!("no {name}: {body}"))["value"]
-            .as_str()
-            .unwrap()
-            .to_owned()
-    };
+    let field = |name: &str| fields::in_answer(&body, name);
     // bob's rule (3 an hour, unnamed: "sluice") has 2 left, gold (10) 9: bob's first.
     assert_eq!(
         fields::items(&field("ratelimit-policy")),

@@ -271,14 +271,7 @@ async fn the_fields_name_each_quota(redis: Option<&RedisServer>) {
     tokio::spawn(CheckApi::new(engine).serve(socket, std::future::pending()));
     let mut api = Api(addr, serde_json::Value::Null);
     api.ask(false).await;
-    let field = |name: &str| {
-        let headers = api.1["headers"].as_array().unwrap_or_else(|| panic!("{}", api.1));
-        let found = headers.iter().find(|h| h["name"] == name);
-        found.unwrap_or_else(|| panic!("no {name}: {}", api.1))["value"]
-            .as_str()
-            .unwrap()
-            .to_owned()
-    };
+    let field = |name: &str| fields::in_answer(&api.1, name);
     // The day's (1 of 2 left) is tighter than the hour's (2 of 3).
     assert_eq!(
         fields::items(&field("ratelimit-policy")),

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use sluice::{AlgorithmKind, KeyedMetrics, Quota, Receipt};
 use smallvec::SmallVec;
 
-use super::{Count, Counted, CounterStore, Denial, Tally, has_stacked};
+use super::{Count, Counted, CounterStore, Denial, Tally, has_stacked, over_descriptors};
 use crate::answer::Status;
 use crate::counters::AlgorithmCounters;
 use crate::settings::Counting;
@@ -111,10 +111,9 @@ impl CounterStore for InMemory {
             tally.statuses.push(status);
         }
         let denied = denial.denied();
+        let over = over_descriptors(&tally.counts, tally.statuses.iter().enumerate());
         for (at, counters, receipt) in taken {
-            let index = tally.counts[at].index;
-            let group_over = (tally.counts.iter().zip(&tally.statuses))
-                .any(|(count, status)| count.index == index && status.is_over());
+            let group_over = over.get(tally.counts[at].index).copied().unwrap_or(false);
             let give_back = (whole && denied) || group_over;
             if give_back {
                 let count = &tally.counts[at];

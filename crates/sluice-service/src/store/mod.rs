@@ -108,6 +108,23 @@ pub(crate) fn has_stacked(counts: &[Count<'_>]) -> bool {
     counts.windows(2).any(|pair| pair[0].index == pair[1].index)
 }
 
+/// Which descriptors have a limit over (in shadow mode too), indexed by the descriptor's place
+/// in the request: one pass over `limits` (a limit's place in `counts`, and its status).
+pub(crate) fn over_descriptors<'s, 'g: 's>(
+    counts: &[Count<'g>],
+    limits: impl Iterator<Item = (usize, &'s Status<'g>)>,
+) -> SmallVec<[bool; 8]> {
+    let mut over = SmallVec::new();
+    for (at, status) in limits {
+        let index = counts[at].index;
+        if over.len() <= index {
+            over.resize(index + 1, false);
+        }
+        over[index] |= status.is_over();
+    }
+    over
+}
+
 /// A request's limits being counted, and each one's status once counted (in the same order):
 /// a descriptor with no limit has none.
 #[derive(Debug)]

@@ -19,7 +19,7 @@ use sluice::{AlgorithmKind, Decision, Quota};
 use sluice_redis::{FailurePolicy, RedisAlgorithm, RedisAlgorithmVisitor, RedisLimiter, RedisStore};
 use smallvec::SmallVec;
 
-use super::{Count, Counted, CounterStore, Denial, Tally, has_stacked};
+use super::{Count, Counted, CounterStore, Denial, Tally, has_stacked, over_descriptors};
 use crate::answer::Status;
 use crate::counters::{CounterSettings, RuleQuotas};
 use crate::settings::Counting;
@@ -210,13 +210,11 @@ impl OnRedis {
             })
             .collect();
         // The descriptors with a limit over.
-        let over: SmallVec<[usize; 2]> = (looked.iter())
-            .filter(|(_, status)| status.is_over())
-            .map(|(at, _)| tally.counts[*at].index)
-            .collect();
+        let over = over_descriptors(&tally.counts, looked.iter().map(|(at, status)| (*at, status)));
+        let over = |at: Place| over.get(tally.counts[at].index).copied().unwrap_or(false);
         if !denies(tally, looked.iter().map(|(at, status)| (*at, status))) {
             let (taking, kept): (Looked<'_>, Looked<'_>) =
-                (looked.iter().copied()).partition(|(at, _)| !over.contains(&tally.counts[*at].index));
+                (looked.iter().copied()).partition(|(at, _)| !over(*at));
             let taking: SmallVec<[Place; 2]> = taking.iter().map(|(at, _)| *at).collect();
             let decisions = self.take_all(tally, &taking, |count| count.cost).await;
             settle(tally, &taking, decisions);

@@ -31,6 +31,19 @@ pub fn items(value: &str) -> Vec<(String, Vec<(String, i64)>)> {
         .collect()
 }
 
+/// The value of the field `name` in a check API answer's `headers`.
+#[allow(dead_code, reason = "the RLS test reads its fields from the gRPC answer")]
+pub fn in_answer(body: &serde_json::Value, name: &str) -> String {
+    let headers = body["headers"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no headers: {body}"));
+    let found = headers.iter().find(|h| h["name"] == name);
+    found.unwrap_or_else(|| panic!("no {name}: {body}"))["value"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{name} is not text: {body}"))
+        .to_owned()
+}
+
 /// An item named `name` with the parameters `params`, as [`items`] reads one.
 pub fn item(name: &str, params: &[(&str, i64)]) -> (String, Vec<(String, i64)>) {
     let params = params
