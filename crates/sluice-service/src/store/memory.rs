@@ -85,6 +85,7 @@ impl CounterStore for InMemory {
         // The descriptor being counted, and whether one of its limits is over already (in
         // shadow mode too: counted as enforcement would count it).
         let mut group = (usize::MAX, false);
+        let mut any_over = false;
         tally.statuses.clear();
         for (at, count) in tally.counts.iter().enumerate() {
             if count.index != group.0 {
@@ -107,11 +108,17 @@ impl CounterStore for InMemory {
                 taken.push((at, counters, receipt));
             }
             group.1 |= status.is_over();
+            any_over |= group.1;
             denial.add(count, &status);
             tally.statuses.push(status);
         }
         let denied = denial.denied();
-        let over = over_descriptors(&tally.counts, tally.statuses.iter().enumerate());
+        // Nothing over (the common admission): no descriptor's takes to give back for it.
+        let over = if any_over {
+            over_descriptors(&tally.counts, tally.statuses.iter().enumerate())
+        } else {
+            SmallVec::new()
+        };
         for (at, counters, receipt) in taken {
             let group_over = over.get(tally.counts[at].index).copied().unwrap_or(false);
             let give_back = (whole && denied) || group_over;
