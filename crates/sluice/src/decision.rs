@@ -149,3 +149,71 @@ impl Decision {
         self.delay_ns.div_ceil(self.scale)
     }
 }
+
+/// The outcome of a charge: a cost consumed after the fact, whatever was left
+/// ([`crate::RateLimiter::charge_n`]).
+///
+/// A charge never refuses: it consumes down to the quota's floor ([`crate::Quota::max_debt`]
+/// units below empty) and reports how much it took and how far below empty the limit now is.
+/// Checks are denied until refill has repaid the debt, each with its exact retry-after.
+///
+/// # Example
+/// ```
+/// use sluice::{ManualClock, RateLimiter, TokenBucket};
+/// let limiter = RateLimiter::with_clock(TokenBucket, "10/s".parse()?, ManualClock::new(0))?;
+/// let charge = limiter.charge_n(15);
+/// assert_eq!((charge.charged(), charge.debt(), charge.balance()), (15, 5, -5));
+/// // Denied until 5 units are repaid and one more is back: 0.6 s at 10/s.
+/// assert_eq!(limiter.check().retry_after_nanos(), 600_000_000);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Charge {
+    charged: u64,
+    debt: u64,
+    decision: Decision,
+}
+
+impl Charge {
+    /// A charge of `charged` units leaving the limit `debt` units below empty, where a check
+    /// of nothing (a peek) answers `decision`.
+    pub const fn new(charged: u64, debt: u64, decision: Decision) -> Self {
+        Self {
+            charged,
+            debt,
+            decision,
+        }
+    }
+
+    /// The units consumed: the cost, or less where the floor stopped it (a part of a unit
+    /// counts as a unit).
+    pub const fn charged(&self) -> u64 {
+        self.charged
+    }
+
+    /// Units below empty after the charge, rounded up (0 if not below empty).
+    pub const fn debt(&self) -> u64 {
+        self.debt
+    }
+
+    /// Units left after the charge, negative while in debt.
+    pub const fn balance(&self) -> i64 {
+        if self.debt > 0 {
+            0i64.saturating_sub_unsigned(self.debt)
+        } else {
+            let remaining = self.decision.remaining();
+            if remaining > i64::MAX as u64 {
+                i64::MAX
+            } else {
+                remaining as i64
+            }
+        }
+    }
+
+    /// What a check of nothing answers right after the charge: denied while in debt, with
+    /// the time until the debt is repaid as its retry-after; the limit, remaining and reset
+    /// as any decision's.
+    pub const fn decision(&self) -> &Decision {
+        &self.decision
+    }
+}

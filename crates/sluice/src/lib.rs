@@ -58,7 +58,7 @@ pub use algorithm::{AlgorithmKind, AlgorithmVisitor, UnknownAlgorithm};
 pub use chain::{ChainDecision, ChainError, KeyedLink, Link, Receipt, check_chain};
 pub use clock::{Clock, ManualClock, MonotonicClock, saturating_nanos};
 pub use concurrency::{AcquireError, ConcurrencyLimiter, OwnedPermit, Permit};
-pub use decision::Decision;
+pub use decision::{Charge, Decision};
 pub use error::CheckError;
 pub use keyed::{
     DEFAULT_CAPACITY, DEFAULT_FETCH_TIMEOUT, DEFAULT_MAX_FETCHES, DEFAULT_REFRESH, FetchError, FetchResult,

@@ -14,7 +14,7 @@ use crate::chain::Receipt;
 use crate::stable::StableBox;
 use crate::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use crate::sync::{Mutex, lock};
-use crate::{Algorithm, CheckError, Clock, Decision, MonotonicClock, Quota, QuotaError};
+use crate::{Algorithm, Charge, CheckError, Clock, Decision, MonotonicClock, Quota, QuotaError};
 
 /// One limit (not keyed), checked lock-free from any number of threads.
 ///
@@ -256,6 +256,50 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
             limit.used();
             if let Some(result) = result {
                 return result.map(|decision| (decision, Receipt::new(since_epoch, id)));
+            }
+            // The state was retired: its successor is being published.
+            crate::sync::spin_loop();
+        }
+    }
+
+    /// Consumes `cost` whatever is left: a cost known only after the request was served
+    /// (tokens generated, bytes sent). Never refused: the limit goes below empty, down to
+    /// [`Quota::max_debt`] units (one period's worth unless the quota says otherwise), and
+    /// checks are denied, each with its exact retry-after, until refill has repaid the debt.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{ManualClock, RateLimiter, SlidingWindowLog};
+    /// let clock = ManualClock::new(0);
+    /// let limiter = RateLimiter::with_clock(SlidingWindowLog, "10/s".parse()?, clock.clone())?;
+    /// assert!(limiter.check_n(4)?.is_allowed());
+    /// let charge = limiter.charge_n(1_000); // at most 10 below empty
+    /// assert_eq!((charge.charged(), charge.balance()), (16, -10));
+    /// clock.set(1_000_000_000); // every unit logged at 0 leaves the window
+    /// assert!(limiter.check().is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn charge_n(&self, cost: u64) -> Charge {
+        self.charge_n_with(|| self.clock.now(), cost)
+    }
+
+    /// [`RateLimiter::charge_n`] at the times `now` reads (the failsafe pool's owner's clock).
+    pub(crate) fn charge_n_with(&self, now: impl Fn() -> u64, cost: u64) -> Charge {
+        let mut pinned = reclaim::pin();
+        loop {
+            let limit = self.load(&mut pinned);
+            let now = now();
+            if now > limit.last_valid {
+                self.replace(limit, None, now);
+                continue;
+            }
+            let since_epoch = now.saturating_sub(limit.epoch);
+            let charge = self
+                .algorithm
+                .charge(&limit.params, &limit.state, since_epoch, cost);
+            limit.used();
+            if let Some(charge) = charge {
+                return charge;
             }
             // The state was retired: its successor is being published.
             crate::sync::spin_loop();

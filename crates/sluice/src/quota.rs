@@ -17,10 +17,14 @@ pub const MAX_SCALED_BURST: u64 = 1 << 60;
 /// 1 per 10 s, so no float drifts over days. `capacity` is the burst: the most that can be
 /// admitted at once. A quota of capacity 0 and rate 0 denies everything ([`Quota::deny_all`]).
 ///
-/// Written as `COUNT/PERIOD [burst N]`, where COUNT may have decimals and PERIOD is a unit
-/// (`ns`, `us`, `ms`, `s`, `min`, `h`, `day`, with long forms and plurals) optionally preceded
-/// by a whole number (`5/10s`). Without `burst`, the capacity is the count rounded up (at
-/// least 1).
+/// Written as `COUNT/PERIOD [burst N] [debt N]`, where COUNT may have decimals and PERIOD is a
+/// unit (`ns`, `us`, `ms`, `s`, `min`, `h`, `day`, with long forms and plurals) optionally
+/// preceded by a whole number (`5/10s`). Without `burst`, the capacity is the count rounded up
+/// (at least 1).
+///
+/// `debt` is how far below empty a charge made after the fact may take a limit
+/// ([`crate::RateLimiter::charge_n`]): by default one period's worth (the count), so a
+/// post-paid cost is repaid by at most one period of refill before the key is admitted again.
 ///
 /// # Example
 /// ```
@@ -32,6 +36,8 @@ pub const MAX_SCALED_BURST: u64 = 1 << 60;
 /// let q: Quota = "10/min burst 20".parse()?;
 /// assert_eq!(q.capacity(), 20);
 /// assert!("0/s burst 3".parse::<Quota>().is_err());
+/// let q: Quota = "10/s debt 100".parse()?;
+/// assert_eq!((q.max_debt(), q.to_string().as_str()), (100, "10/s debt 100"));
 /// # Ok::<(), sluice::QuotaError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -41,14 +47,16 @@ pub struct Quota {
     period_ns: u64,
     reduced_count: u64,
     reduced_period: u64,
+    /// Units a charge may take below empty.
+    max_debt: u64,
 }
 
 /// Why a quota is malformed or impossible.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum QuotaError {
-    /// The text is not of the form `COUNT/PERIOD [burst N]`.
+    /// The text is not of the form `COUNT/PERIOD [burst N] [debt N]`.
     #[error(
-        "malformed quota {input:?}: {reason} (expected COUNT/PERIOD [burst N], e.g. \"100/s\", \"1.1/s\", \"10/min burst 20\")"
+        "malformed quota {input:?}: {reason} (expected COUNT/PERIOD [burst N] [debt N], e.g. \"100/s\", \"1.1/s\", \"10/min burst 20\")"
     )]
     Malformed {
         /// The text given.
@@ -146,6 +154,7 @@ impl Quota {
             period_ns: unit_ns,
             reduced_count: count / g,
             reduced_period,
+            max_debt: default_debt(count, reduced_period),
         }
     }
 
@@ -162,6 +171,7 @@ impl Quota {
             period_ns: NANOS_PER_SEC,
             reduced_count: 0,
             reduced_period: 1,
+            max_debt: 0,
         }
     }
 
@@ -174,7 +184,47 @@ impl Quota {
     /// # Ok::<(), sluice::QuotaError>(())
     /// ```
     pub fn with_capacity(self, capacity: u64) -> Result<Self, QuotaError> {
-        Self::from_parts(capacity, self.count, self.period_ns)
+        let quota = Self::from_parts(capacity, self.count, self.period_ns)?;
+        // The same rate: a debt it held exactly it still holds.
+        Ok(Self {
+            max_debt: self.max_debt,
+            ..quota
+        })
+    }
+
+    /// The same quota with another floor for charges made after the fact: a charge may take
+    /// it down to `max_debt` units below empty (0: never below empty).
+    ///
+    /// # Example
+    /// ```
+    /// let q = "10/min".parse::<sluice::Quota>()?;
+    /// assert_eq!(q.max_debt(), 10); // one period's worth
+    /// assert_eq!(q.with_max_debt(0)?.to_string(), "10/min debt 0");
+    /// # Ok::<(), sluice::QuotaError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`QuotaError::Overflow`] if the debt cannot be held exactly (`max_debt × period /
+    /// gcd(count, period)` must be at most 2^60, as for the burst); a quota that denies
+    /// everything takes no debt.
+    pub fn with_max_debt(self, max_debt: u64) -> Result<Self, QuotaError> {
+        if self.is_deny_all() && max_debt > 0 {
+            return Err(overflow("a quota that denies everything takes no debt"));
+        }
+        if u128::from(max_debt) * u128::from(self.reduced_period) > u128::from(MAX_SCALED_BURST) {
+            return Err(overflow(&format!(
+                "debt {max_debt} at {} per {} ns cannot be held exactly \
+                 (debt × period / gcd(count, period) must be at most 2^60)",
+                self.count, self.period_ns
+            )));
+        }
+        Ok(Self { max_debt, ..self })
+    }
+
+    /// How many units below empty a charge may take this quota (see
+    /// [`Quota::with_max_debt`]).
+    pub const fn max_debt(&self) -> u64 {
+        self.max_debt
     }
 
     fn from_parts(capacity: u64, count: u64, period_ns: u64) -> Result<Self, QuotaError> {
@@ -194,6 +244,7 @@ impl Quota {
             period_ns,
             reduced_count: count / g,
             reduced_period: period_ns / g,
+            max_debt: default_debt(count, period_ns / g),
         };
         let scaled_burst = u128::from(capacity) * u128::from(quota.reduced_period);
         if scaled_burst > u128::from(MAX_SCALED_BURST) {
@@ -265,6 +316,12 @@ impl Quota {
     }
 }
 
+/// One period's worth (`count`), or as much of it as the scaled arithmetic holds exactly.
+const fn default_debt(count: u64, reduced_period: u64) -> u64 {
+    let most = MAX_SCALED_BURST / reduced_period;
+    if count < most { count } else { most }
+}
+
 impl fmt::Display for Quota {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         const UNITS: [(u64, &str); 7] = [
@@ -289,6 +346,9 @@ impl fmt::Display for Quota {
         }
         if self.capacity != self.count.max(1) {
             write!(f, " burst {}", self.capacity)?;
+        }
+        if self.max_debt != default_debt(self.count, self.reduced_period) {
+            write!(f, " debt {}", self.max_debt)?;
         }
         Ok(())
     }
@@ -429,6 +489,10 @@ impl FromStr for Quota {
             reason: reason.to_string(),
         };
         let text = input.trim();
+        let (text, debt) = match text.split_once("debt") {
+            Some((text, debt)) => (text.trim(), Some(debt.trim())),
+            None => (text, None),
+        };
         let (rate, burst) = match text.split_once("burst") {
             Some((rate, burst)) => (rate.trim(), Some(burst.trim())),
             None => (text, None),
@@ -490,7 +554,14 @@ impl FromStr for Quota {
                     )
                 })
             })?;
-        Self::from_parts(capacity, count, period_ns)
+        let quota = Self::from_parts(capacity, count, period_ns)?;
+        match debt {
+            Some(d) => quota.with_max_debt(
+                d.parse::<u64>()
+                    .map_err(|_| malformed("debt must be a whole number"))?,
+            ),
+            None => Ok(quota),
+        }
     }
 }
 

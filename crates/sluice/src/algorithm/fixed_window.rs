@@ -4,7 +4,7 @@ use crate::sync::atomic::{AtomicU64, Ordering};
 
 use super::word::{self, Step};
 use super::{Algorithm, RETIRED, SCALED_LIMIT};
-use crate::{Decision, Quota, QuotaError};
+use crate::{Charge, Decision, Quota, QuotaError};
 
 /// A fixed window counter: time is cut into windows of the quota's fill time (capacity ÷
 /// rate, so `100/s` gives windows of 1 s admitting 100), starting at the limiter's epoch;
@@ -37,6 +37,8 @@ pub struct FixedWindow;
 pub struct WindowParams {
     pub(crate) limit: u64,
     pub(crate) window: u64,
+    /// Units a charge may count past the limit.
+    pub(crate) debt: u64,
 }
 
 impl WindowParams {
@@ -44,7 +46,43 @@ impl WindowParams {
         Self {
             limit: quota.capacity(),
             window: quota.fill_time_nanos(),
+            debt: quota.max_debt(),
         }
+    }
+
+    /// The most units a state may count: the limit, and the debt past it (at most 2^60 each).
+    pub(crate) fn most_used(&self) -> u64 {
+        self.limit + self.debt
+    }
+
+    /// Whether `other` has the same windows: the same length and limit (the debt may differ).
+    pub(crate) fn same_windows(&self, other: &Self) -> bool {
+        (self.window, self.limit) == (other.window, other.limit)
+    }
+
+    /// What a state counting `used` units may carry into a successor under `new`: with the
+    /// same windows (an epoch move, or a new debt), everything down to the new floor; else at
+    /// most the smaller limit (debt is forgiven).
+    pub(crate) fn carried(&self, used: u64, new: &Self) -> u64 {
+        if self.same_windows(new) {
+            used.min(new.most_used())
+        } else {
+            used.min(self.limit).min(new.limit)
+        }
+    }
+
+    /// Time from `now` until a window count of `used` (past the limit: in debt, repaid a
+    /// limit per window) leaves room for `cost`, and until it is empty: `(retry, reset)`.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn until_repaid(&self, used: u64, cost: u64, now: u64) -> (u64, u64) {
+        let until_end = self.until_window_end(now);
+        let after = |units: u64| {
+            // Windows of `limit` each, the first ending at `until_end`.
+            let windows = units.div_ceil(self.limit.max(1)).max(1) - 1;
+            until_end.saturating_add(windows.saturating_mul(self.window))
+        };
+        (after((used + cost).saturating_sub(self.limit)), after(used))
     }
 
     /// The end of the window holding `now`, as a distance from `now`.
@@ -107,9 +145,15 @@ impl Algorithm for FixedWindow {
             // A check whose clock reading is older than the window another thread has moved
             // the state into sees more than a window's worth: it is denied, as full (without
             // the cap its remaining count would wrap).
-            let used = total.saturating_sub(base).min(params.limit);
+            let used = total.saturating_sub(base);
             let reset = if used == 0 { 0 } else { until_end };
             if used + cost > params.limit {
+                if used > params.limit {
+                    // In debt (or a reading from before another thread's window): the debt
+                    // takes the limit of each window to come until it is repaid.
+                    let (retry, reset) = params.until_repaid(used, cost, now);
+                    return Some(Decision::denied(params.limit, 0, reset, retry));
+                }
                 return Some(Decision::denied(
                     params.limit,
                     params.limit - used,
@@ -138,6 +182,21 @@ impl Algorithm for FixedWindow {
         }
     }
 
+    fn charge(&self, params: &WindowParams, state: &FixedWindowState, now: u64, cost: u64) -> Option<Charge> {
+        let base = now / params.window * params.limit;
+        let (charged, used) = word::update(&state.0, |total| {
+            let used = total.saturating_sub(base);
+            let charged = cost.min(params.most_used().saturating_sub(used));
+            if charged == 0 {
+                Step::Answer((0, used))
+            } else {
+                Step::Write(base + used + charged, (charged, used + charged))
+            }
+        })?;
+        let decision = self.check(params, state, now, 0)?;
+        Some(Charge::new(charged, used.saturating_sub(params.limit), decision))
+    }
+
     fn retire(&self, state: &FixedWindowState) -> u64 {
         word::retire(&state.0)
     }
@@ -152,10 +211,10 @@ impl Algorithm for FixedWindow {
         // The units of the old window holding `now`, as a check counts them (a state already
         // in a later window reads as full); saturating, as `now` may lie past the horizon
         // after a clock jump.
-        let used = total
-            .saturating_sub((now / old.window).saturating_mul(old.limit))
-            .min(old.limit)
-            .min(new.limit);
+        let used = old.carried(
+            total.saturating_sub((now / old.window).saturating_mul(old.limit)),
+            new,
+        );
         // They go into the new length's window holding `now`, on the grid from the epoch. The
         // epoch stays where it is while the running total fits, so every window length keeps
         // the same origin (as Unix time does for the Redis script, across any number of

@@ -9,7 +9,7 @@
 use super::word::{self, Step};
 use super::{RETIRED, SCALED_LIMIT};
 use crate::sync::atomic::{AtomicU64, Ordering};
-use crate::{Decision, Quota, QuotaError};
+use crate::{Charge, Decision, Quota, QuotaError};
 
 /// Constants of one GCRA limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +24,9 @@ pub struct GcraParams {
     /// How far ahead the TAT may be after an admitted check: `tau` plus the scaled delay a
     /// shaper may impose beyond the burst (nothing for a meter).
     most_ahead: u64,
+    /// How far ahead a charge may take the TAT: `tau` plus the quota's debt, or `most_ahead`
+    /// if that is further.
+    deepest: u64,
 }
 
 impl GcraParams {
@@ -40,12 +43,15 @@ impl GcraParams {
                     "a maximum delay of {max_delay_ns} ns at {quota} cannot be held exactly"
                 ))
             })?;
+        // At most 2^60 (checked by Quota): with tau, below 2^61.
+        let debt = quota.max_debt() * p;
         let params = Self {
             c,
             p,
             capacity: quota.capacity(),
             tau,
             most_ahead: tau + max_delay,
+            deepest: (tau + max_delay).max(tau + debt),
         };
         let how = || {
             format!(
@@ -109,6 +115,27 @@ pub(crate) fn check(params: &GcraParams, state: &GcraState, now: u64, cost: u64)
     }
 }
 
+/// Moves the TAT ahead by the cost, at most to `deepest`; then answers a peek.
+pub(crate) fn charge(params: &GcraParams, state: &GcraState, now: u64, cost: u64) -> Option<Charge> {
+    let t = now * params.c;
+    let cost_len = cost.saturating_mul(params.p);
+    let (charged, ahead) = word::update(&state.0, |tat| {
+        let base = tat.max(t);
+        let ahead = base - t;
+        let new_ahead = ahead.saturating_add(cost_len).min(params.deepest.max(ahead));
+        let charged = (new_ahead - ahead).div_ceil(params.p);
+        if new_ahead == ahead {
+            Step::Answer((charged, ahead))
+        } else {
+            Step::Write(t + new_ahead, (charged, new_ahead))
+        }
+    })?;
+    let debt = ahead.saturating_sub(params.tau).div_ceil(params.p);
+    // The peek that follows may see other checks' work: it answers for the state as it is.
+    let decision = check(params, state, now, 0)?;
+    Some(Charge::new(charged, debt, decision))
+}
+
 pub(crate) fn retire(state: &GcraState) -> u64 {
     word::retire(&state.0)
 }
@@ -123,7 +150,10 @@ pub(crate) fn carry_over(old: &GcraParams, tat: u64, new: &GcraParams, now: u64)
     // `now` may lie far past the horizon (a clock jump before an epoch move or a change): a
     // product past u64 is past any TAT, so nothing is ahead.
     let ahead = now.checked_mul(old.c).map_or(0, |t| tat.saturating_sub(t));
-    let cap = new.most_ahead; // below 2^61
+    // Debt is carried (down to the new floor) at the same rate and capacity: an epoch move,
+    // or a new debt; another rate or capacity forgives it.
+    let same_bucket = (old.c, old.p, old.most_ahead) == (new.c, new.p, new.most_ahead);
+    let cap = if same_bucket { new.deepest } else { new.most_ahead }; // below 2^61
     let ahead = if (old.c, old.p) == (new.c, new.p) {
         ahead.min(cap)
     } else {

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::Algorithm;
 use super::gcra::{self, GcraParams, GcraState};
-use crate::{Decision, Quota, QuotaError};
+use crate::{Charge, Decision, Quota, QuotaError};
 
 /// A leaky bucket: a bucket of `capacity` that drains at the quota's rate; each request pours
 /// in its cost.
@@ -80,6 +80,10 @@ impl Algorithm for LeakyBucket {
     #[inline]
     fn check(&self, params: &GcraParams, state: &GcraState, now: u64, cost: u64) -> Option<Decision> {
         gcra::check(params, state, now, cost)
+    }
+
+    fn charge(&self, params: &GcraParams, state: &GcraState, now: u64, cost: u64) -> Option<Charge> {
+        gcra::charge(params, state, now, cost)
     }
 
     fn retire(&self, state: &GcraState) -> u64 {

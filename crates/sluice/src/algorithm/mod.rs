@@ -16,7 +16,7 @@
 
 use std::fmt::Debug;
 
-use crate::{Decision, Quota, QuotaError};
+use crate::{Charge, Decision, Quota, QuotaError};
 
 mod fixed_window;
 mod gcra;
@@ -73,6 +73,28 @@ pub trait Algorithm: Send + Sync + 'static {
     /// it if allowed. `None` means the state was retired: reload the limit and try again.
     fn check(&self, params: &Self::Params, state: &Self::State, now: u64, cost: u64) -> Option<Decision>;
 
+    /// Consumes `cost` at `now` ns past the epoch whatever is left, down to the quota's floor
+    /// ([`Quota::max_debt`] units below empty): a cost known only after the fact. Any cost is
+    /// taken, a larger one than the capacity too, up to the floor. `None` means the state was
+    /// retired: reload the limit and try again.
+    ///
+    /// Checks then see the consumption as their own: denied until refill (or, for the window
+    /// algorithms, the windows going by) has brought the limit back above the cost.
+    ///
+    /// # Example
+    /// ```
+    /// use sluice::{Algorithm, FixedWindow, Quota};
+    /// let algo = FixedWindow;
+    /// let params = algo.params(&"10/s".parse::<Quota>()?)?;
+    /// let state = algo.new_state(&params);
+    /// let charge = algo.charge(&params, &state, 0, 25).unwrap();
+    /// assert_eq!((charge.charged(), charge.debt()), (20, 10)); // the floor: 10 below empty
+    /// // The debt takes the next window's 10: admitted again in the window after.
+    /// assert_eq!(algo.check(&params, &state, 0, 1).unwrap().retry_after_nanos(), 2_000_000_000);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn charge(&self, params: &Self::Params, state: &Self::State, now: u64, cost: u64) -> Option<Charge>;
+
     /// Marks the state retired (later checks on it return `None`) and takes its value. An
     /// algorithm without state ([`Unmetered`]) has nothing to mark; the limiters do not count
     /// on the mark to stop using a replaced limit.
@@ -101,6 +123,11 @@ pub trait Algorithm: Send + Sync + 'static {
     ///   the fixed window), the previous window's count 0.
     /// - Sliding window log: units that left the window under the shorter of the two lengths
     ///   are gone; over the new limit, the oldest units are forgotten first.
+    ///
+    /// Debt (consumption below empty, from [`Algorithm::charge`]) is carried, down to the new
+    /// floor, when the rate and capacity stay (an epoch move, a change of debt alone), and
+    /// forgiven by a change of either (the consumption is capped at the new capacity, as
+    /// above).
     ///
     /// An epoch move calls this with the same parameters: it must carry the state exactly.
     fn carry_over(

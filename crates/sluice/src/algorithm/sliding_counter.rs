@@ -4,7 +4,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use super::Algorithm;
 use super::fixed_window::WindowParams;
-use crate::{Decision, Quota, QuotaError};
+use crate::{Charge, Decision, Quota, QuotaError};
 
 /// A sliding window counter: counts per fixed window (the quota's fill time), and estimates
 /// the last window's worth as the current count plus the previous window's count weighted by
@@ -45,6 +45,24 @@ pub struct WindowCounts {
 }
 
 impl WindowCounts {
+    /// Counts `cost` taken at `now`. A reading from just before the current window (another
+    /// thread rolled the window between this one's clock read and its turn at the lock)
+    /// counts in the window it was taken in, now the previous one: where its weight belongs,
+    /// and where `refund`, which goes by the time of the take, will look for it.
+    fn add(&mut self, now: u64, window_len: u64, cost: u64) {
+        if (now / window_len).checked_add(1) == Some(self.window) {
+            self.previous += cost;
+        } else {
+            self.current += cost;
+        }
+    }
+
+    /// The estimate of the last window's worth at `now` (rolled to its window first).
+    fn used(&self, now: u64, window_len: u64) -> u64 {
+        let elapsed = now.saturating_sub(self.window * window_len).min(window_len);
+        weighted(self.previous, window_len - elapsed, window_len) + self.current
+    }
+
     /// Moves to the window holding `now` (a time before the current window leaves it as is).
     fn roll(&mut self, now: u64, window_len: u64) {
         let window = now / window_len;
@@ -130,17 +148,24 @@ impl Algorithm for SlidingWindowCounter {
             };
             return Some(Decision::denied(limit, limit.saturating_sub(used), reset, retry));
         }
-        // A reading from just before the current window (another thread rolled the window
-        // between this one's clock read and its turn at the lock) counts in the window it
-        // was taken in, now the previous one: where its weight belongs, and where `refund`,
-        // which goes by the time of the take, will look for it.
-        if (now / len).checked_add(1) == Some(c.window) {
-            c.previous += cost;
-        } else {
-            c.current += cost;
-        }
+        c.add(now, len, cost);
         let reset = if cost > 0 { until_end + len } else { reset };
         Some(Decision::allowed(limit, limit - used - cost, reset))
+    }
+
+    fn charge(&self, params: &WindowParams, state: &CounterState, now: u64, cost: u64) -> Option<Charge> {
+        let mut c = lock(state);
+        if c.retired {
+            return None;
+        }
+        c.roll(now, params.window);
+        let used = c.used(now, params.window);
+        let charged = cost.min(params.most_used().saturating_sub(used));
+        c.add(now, params.window, charged);
+        let debt = (used + charged).saturating_sub(params.limit);
+        drop(c);
+        let decision = self.check(params, state, now, 0)?;
+        Some(Charge::new(charged, debt, decision))
     }
 
     fn retire(&self, state: &CounterState) -> WindowCounts {
@@ -157,8 +182,10 @@ impl Algorithm for SlidingWindowCounter {
         now: u64,
     ) -> (u64, CounterState) {
         c.retired = false;
-        // The same window and limit (an epoch move, or the same quota again): nothing changes.
-        if old == new {
+        // The same window and limit (an epoch move, the same quota again, another debt):
+        // nothing changes but the floor.
+        if old.same_windows(new) {
+            c.current = c.current.min(new.most_used());
             return (0, CounterState(Mutex::new(c)));
         }
         c.roll(now, old.window);
@@ -171,7 +198,7 @@ impl Algorithm for SlidingWindowCounter {
             retired: false,
             window: now / new.window,
             previous: 0,
-            current: used.min(new.limit),
+            current: old.carried(used, new),
         };
         (0, CounterState(Mutex::new(counters)))
     }
@@ -210,6 +237,7 @@ mod tests {
         let params = WindowParams {
             limit: 10,
             window: 1_000,
+            debt: 0,
         };
         let algorithm = SlidingWindowCounter;
         let state = algorithm.new_state(&params);

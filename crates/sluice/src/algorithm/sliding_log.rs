@@ -5,7 +5,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use super::Algorithm;
 use super::fixed_window::WindowParams;
-use crate::{Decision, Quota, QuotaError};
+use crate::{Charge, Decision, Quota, QuotaError};
 
 /// A sliding window log: remembers when each admitted unit was admitted and admits a cost if
 /// the units admitted in the last window (the quota's fill time) plus the cost fit the
@@ -48,6 +48,17 @@ impl Log {
             }
             self.entries.pop_front();
             self.total -= units;
+        }
+    }
+
+    /// Logs `cost` units at `now`.
+    fn add(&mut self, now: u64, cost: u64) {
+        if cost > 0 {
+            self.total += cost;
+            match self.entries.back_mut() {
+                Some((at, units)) if *at == now => *units += cost,
+                _ => self.entries.push_back((now, cost)),
+            }
         }
     }
 
@@ -106,20 +117,33 @@ impl Algorithm for SlidingWindowLog {
         if log.total + cost > limit {
             let retry = log.until_freed(log.total + cost - limit, now, params.window);
             let reset = log.until_empty(now, params.window);
-            return Some(Decision::denied(limit, limit - log.total, reset, retry));
+            return Some(Decision::denied(
+                limit,
+                limit.saturating_sub(log.total),
+                reset,
+                retry,
+            ));
         }
-        if cost > 0 {
-            log.total += cost;
-            match log.entries.back_mut() {
-                Some((at, units)) if *at == now => *units += cost,
-                _ => log.entries.push_back((now, cost)),
-            }
-        }
+        log.add(now, cost);
         Some(Decision::allowed(
             limit,
             limit - log.total,
             log.until_empty(now, params.window),
         ))
+    }
+
+    fn charge(&self, params: &WindowParams, state: &LogState, now: u64, cost: u64) -> Option<Charge> {
+        let mut log = lock(state);
+        if log.retired {
+            return None;
+        }
+        log.expire(now, params.window);
+        let charged = cost.min(params.most_used().saturating_sub(log.total));
+        log.add(now, charged);
+        let debt = log.total.saturating_sub(params.limit);
+        drop(log);
+        let decision = self.check(params, state, now, 0)?;
+        Some(Charge::new(charged, debt, decision))
     }
 
     fn retire(&self, state: &LogState) -> Log {
@@ -134,9 +158,11 @@ impl Algorithm for SlidingWindowLog {
         log.retired = false;
         // A unit that has left the old window stays gone under a longer new one.
         log.expire(now, old.window.min(new.window));
-        // Over the new capacity: forget the oldest units first.
-        while log.total > new.limit {
-            let excess = log.total - new.limit;
+        // Over the new capacity: forget the oldest units first (debt too, unless the
+        // parameters are the same).
+        let most = old.carried(log.total, new);
+        while log.total > most {
+            let excess = log.total - most;
             let Some(front) = log.entries.front_mut() else {
                 break;
             };

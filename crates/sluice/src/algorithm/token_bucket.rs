@@ -2,7 +2,7 @@
 
 use super::Algorithm;
 use super::gcra::{self, GcraParams, GcraState};
-use crate::{Decision, Quota, QuotaError};
+use crate::{Charge, Decision, Quota, QuotaError};
 
 /// A token bucket: holds up to `capacity` tokens, refilled continuously at the quota's rate;
 /// a check of cost n takes n tokens or nothing.
@@ -48,6 +48,10 @@ impl Algorithm for TokenBucket {
     #[inline]
     fn check(&self, params: &GcraParams, state: &GcraState, now: u64, cost: u64) -> Option<Decision> {
         gcra::check(params, state, now, cost)
+    }
+
+    fn charge(&self, params: &GcraParams, state: &GcraState, now: u64, cost: u64) -> Option<Charge> {
+        gcra::charge(params, state, now, cost)
     }
 
     fn retire(&self, state: &GcraState) -> u64 {

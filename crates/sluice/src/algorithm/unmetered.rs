@@ -1,7 +1,7 @@
 //! The algorithm that counts nothing: for stores that only hold quotas.
 
 use super::Algorithm;
-use crate::{Decision, Quota, QuotaError};
+use crate::{Charge, Decision, Quota, QuotaError};
 
 /// Admits every cost the quota's capacity allows and keeps no state.
 ///
@@ -44,6 +44,10 @@ impl Algorithm for Unmetered {
 
     fn check(&self, capacity: &u64, _state: &(), _now: u64, _cost: u64) -> Option<Decision> {
         Some(Decision::allowed(*capacity, *capacity, 0))
+    }
+
+    fn charge(&self, capacity: &u64, _state: &(), _now: u64, cost: u64) -> Option<Charge> {
+        Some(Charge::new(cost, 0, Decision::allowed(*capacity, *capacity, 0)))
     }
 
     fn retire(&self, _state: &()) {}

@@ -18,13 +18,14 @@
 //! fresh state and on the failsafe pool (if any), and not stored.
 //!
 //! The files: `builder.rs` (settings), `book.rs` (compiled quotas), `check.rs` (the two check
-//! paths), `fetch.rs` (quota fetches) and `timer.rs` (their deadlines), `pool.rs` (the failsafe
+//! paths), `charge.rs` (costs charged after the fact), `fetch.rs` (quota fetches) and `timer.rs` (their deadlines), `pool.rs` (the failsafe
 //! pool), `migrate.rs` (moving held keys into a limiter built with other settings),
 //! `refund.rs` (takes and refunds for chains), `shard.rs`, `table.rs`, `pages.rs`, `lock.rs` and
 //! `sketch.rs` (the store), `metrics.rs`, `source.rs`.
 
 mod book;
 mod builder;
+mod charge;
 mod check;
 mod fetch;
 mod lock;

@@ -2,7 +2,7 @@
 //! its own yet (still being fetched, or its fetch failed) and of every key the store cannot
 //! hold, so that a flood of new keys costs at most the pool, however many keys it brings.
 
-use crate::{CheckError, Clock, Decision, Quota, QuotaError, RateLimiter, TokenBucket};
+use crate::{Charge, CheckError, Clock, Decision, Quota, QuotaError, RateLimiter, TokenBucket};
 
 /// A clock that reads one value: the pool is built at its owner's time, and then told the
 /// time at each take, read from its owner's clock.
@@ -30,6 +30,12 @@ impl Pool {
     /// Takes `cost` at clock reading `now`, if the pool has it.
     pub(crate) fn take(&self, now: u64, cost: u64) -> Result<Decision, CheckError> {
         self.limit.take_n_with(|| now, cost).map(|(decision, _)| decision)
+    }
+
+    /// Takes `cost` at clock reading `now` whatever is left, down to the pool's floor (a key on
+    /// the failsafe quota charged after the fact).
+    pub(crate) fn charge(&self, now: u64, cost: u64) -> Charge {
+        self.limit.charge_n_with(|| now, cost)
     }
 
     /// Gives back `cost` taken at clock reading `at` (a chain that was denied further on).
