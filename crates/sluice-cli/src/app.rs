@@ -64,8 +64,8 @@ pub enum AppError {
     Redis {
         /// Where the URL came from.
         field: &'static str,
-        /// What went wrong.
-        source: sluice_redis::SetupError,
+        /// What went wrong (boxed: the error is large, and `AppError` is returned often).
+        source: Box<sluice_redis::SetupError>,
     },
 }
 
@@ -174,7 +174,7 @@ impl App {
                         } else {
                             url_field
                         },
-                        source,
+                        source: Box::new(source),
                     },
                 })?;
                 let counters = RedisCounters {

@@ -485,6 +485,7 @@ impl Builder {
             name: raw.name.clone(),
             replaces,
             shadow_mode: descriptor.shadow_mode,
+            count_over_limit: raw.count_over_limit,
             quota_mode: descriptor.quota_mode,
             detailed_metric: descriptor.detailed_metric,
             value_to_metric_levels: at.value_to_metric,

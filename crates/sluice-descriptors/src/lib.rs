@@ -3,8 +3,9 @@
 //! `rate_limit` (`unit`, `requests_per_unit`, `unlimited`, `name`, `replaces`), `shadow_mode`,
 //! `quota_mode`, `detailed_metric`, `value_to_metric`, `share_threshold`, `metadata`, nested
 //! `descriptors`; several files of one domain merged on request ([`LoadOptions`]). sluice adds
-//! two fields inside `rate_limit`: `quota` (an exact quota text, `1.1/s burst 5`, in place of
-//! `requests_per_unit`/`unit`) and `algorithm`. Units: a week is 7 days, a month 30, a year
+//! three fields inside `rate_limit`: `quota` (an exact quota text, `1.1/s burst 5`, in place of
+//! `requests_per_unit`/`unit`, or a list of them), `algorithm`, and `count_over_limit` (a
+//! denied request's hits are counted all the same, below empty). Units: a week is 7 days, a month 30, a year
 //! 365.
 //!
 //! Matching a request descriptor (its entries in order) walks the tree a level per entry. At

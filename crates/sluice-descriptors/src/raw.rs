@@ -57,6 +57,10 @@ pub(crate) struct RawRateLimit {
     /// sluice: the algorithm counting this limit.
     #[serde(default)]
     pub algorithm: Option<String>,
+    /// sluice: the hits of a request this limit denies are counted all the same (below empty,
+    /// down to the quota's debt), as envoy's own fixed window counts them.
+    #[serde(default, deserialize_with = "flag")]
+    pub count_over_limit: bool,
 }
 
 /// One quota's text, or several.

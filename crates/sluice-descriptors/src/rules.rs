@@ -57,6 +57,10 @@ pub struct Rule {
     pub replaces: Vec<String>,
     /// Counted and reported, never denying.
     pub shadow_mode: bool,
+    /// The hits of a request it denies are counted all the same, below empty down to the
+    /// quota's debt ([`sluice::Quota::max_debt`]): a post-paid meter, whose later requests are
+    /// denied until the debt is repaid (`rate_limit.count_over_limit`).
+    pub count_over_limit: bool,
     /// Over its limit, it does not deny by itself: a request is denied when every
     /// quota-mode limit it is counted against is over (or any other limit is).
     pub quota_mode: bool,
@@ -88,6 +92,7 @@ impl Rule {
             name: None,
             replaces: Vec::new(),
             shadow_mode: false,
+            count_over_limit: false,
             quota_mode: false,
             detailed_metric: false,
             value_to_metric_levels: 0,

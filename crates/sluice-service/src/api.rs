@@ -1,5 +1,7 @@
 //! The HTTP check API: `POST /v1/check` with a JSON body, answered by the engine with the same
-//! statuses as the gRPC service; `?peek=true` (or `"peek": true`) counts nothing.
+//! statuses as the gRPC service; `?peek=true` (or `"peek": true`) counts nothing. `POST
+//! /v1/report`, with the same body, charges usage known after the fact ([`Engine::report`])
+//! and answers each limit's balance, negative while in debt.
 //!
 //! Errors are `application/problem+json` (RFC 9457) naming what was wrong.
 
@@ -17,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
 use crate::request::WireDescriptor;
-use crate::{CheckRequest, Code, DescriptorRequest, DescriptorStatus, Engine, Verdict};
+use crate::{CheckRequest, Code, DescriptorRequest, DescriptorStatus, Engine, Reported, Verdict};
 
 /// The largest request body read.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -52,6 +54,7 @@ impl CheckApi {
     pub fn router(self) -> Router {
         Router::new()
             .route("/v1/check", post(check))
+            .route("/v1/report", post(report))
             .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
             .with_state(self.engine)
     }
@@ -144,12 +147,13 @@ fn problem(status: StatusCode, title: &'static str, detail: String) -> Response 
     sluice_http::problem(status, title, &detail).into_response()
 }
 
-async fn check(
-    State(engine): State<Arc<Engine>>,
-    uri: Uri,
-    headers: HeaderMap,
+/// A JSON body of type `T`, or the problem to answer: unreadable, not JSON, or malformed
+/// (named where it went wrong, as `title` says).
+fn read_json<T: serde::de::DeserializeOwned>(
+    headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Response {
+    title: &'static str,
+) -> Result<T, Box<Response>> {
     let body = match body {
         Ok(body) => body,
         Err(rejection) => {
@@ -159,7 +163,7 @@ async fn check(
             } else {
                 rejection.body_text()
             };
-            return problem(status, "Unreadable body", detail);
+            return Err(Box::new(problem(status, "Unreadable body", detail)));
         }
     };
     let json = headers
@@ -172,28 +176,39 @@ async fn check(
                 .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"))
         });
     if !json {
-        return problem(
+        return Err(Box::new(problem(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "Unsupported media type",
             "the body must be JSON, with content-type: application/json".into(),
-        );
+        )));
     }
-    let parsed: CheckBody = match serde_json::from_slice(&body) {
-        Ok(parsed) => parsed,
+    match serde_json::from_slice(&body) {
+        Ok(parsed) => Ok(parsed),
         // Read again, slowly, only to name where it went wrong: the refusal stands whatever
         // the second reading says (it does not look past the request, where trailing
         // characters are).
         Err(fast) => {
-            let read = serde_path_to_error::deserialize::<_, CheckBody>(
-                &mut serde_json::Deserializer::from_slice(&body),
-            );
+            let read =
+                serde_path_to_error::deserialize::<_, T>(&mut serde_json::Deserializer::from_slice(&body));
             let detail = match read {
                 Err(e) if e.path().to_string() != "." => format!("{}: {}", e.path(), e.inner()),
                 Err(e) => e.inner().to_string(),
                 Ok(_) => fast.to_string(),
             };
-            return problem(StatusCode::BAD_REQUEST, "Malformed check request", detail);
+            Err(Box::new(problem(StatusCode::BAD_REQUEST, title, detail)))
         }
+    }
+}
+
+async fn check(
+    State(engine): State<Arc<Engine>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let parsed: CheckBody = match read_json(&headers, body, "Malformed check request") {
+        Ok(parsed) => parsed,
+        Err(problem) => return *problem,
     };
     let peek = parsed.peek || asks_peek(&uri);
     let request = match to_request(parsed) {
@@ -210,6 +225,106 @@ async fn check(
             "Check request out of bounds",
             e.to_string(),
         ),
+    }
+}
+
+/// A usage report: the check's body without `peek`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReportBody {
+    domain: String,
+    descriptors: Vec<DescriptorBody>,
+    #[serde(default)]
+    hits: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct ReportBodyOut {
+    statuses: Vec<ReportedBody>,
+}
+
+/// One descriptor's account: its tightest limit's (the lowest balance), and each limit's when
+/// it has several.
+#[derive(Serialize)]
+struct ReportedBody {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    current_limit: Option<LimitBody>,
+    charged: u64,
+    limit_remaining: i64,
+    duration_until_reset_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_after_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    limits: Vec<ReportedBody>,
+}
+
+async fn report(
+    State(engine): State<Arc<Engine>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let parsed: ReportBody = match read_json(&headers, body, "Malformed report") {
+        Ok(parsed) => parsed,
+        Err(problem) => return *problem,
+    };
+    let request = match CheckRequest::from_wire(parsed.domain, parsed.descriptors, parsed.hits) {
+        Ok(request) => request,
+        Err(detail) => return problem(StatusCode::BAD_REQUEST, "Malformed report", detail),
+    };
+    match engine.report(&request).await {
+        Ok(report) => axum::Json(ReportBodyOut {
+            statuses: report
+                .statuses
+                .iter()
+                .map(|limits| reported_body(limits))
+                .collect(),
+        })
+        .into_response(),
+        Err(e @ crate::RequestError::ChargeUnsupported) => problem(
+            StatusCode::NOT_IMPLEMENTED,
+            "Reports not counted here",
+            e.to_string(),
+        ),
+        Err(e) => problem(StatusCode::BAD_REQUEST, "Report out of bounds", e.to_string()),
+    }
+}
+
+fn reported_one(reported: &Reported) -> ReportedBody {
+    let limit = &reported.limit;
+    ReportedBody {
+        current_limit: Some(LimitBody {
+            name: limit.name.clone(),
+            quota: quota_text(limit.quota),
+            shadow_mode: limit.shadow_mode,
+            quota_mode: limit.quota_mode,
+        }),
+        charged: reported.charged,
+        limit_remaining: reported.balance,
+        duration_until_reset_ms: millis(reported.reset_after),
+        retry_after_ms: (!reported.retry_after.is_zero()).then(|| millis(reported.retry_after)),
+        limits: Vec::new(),
+    }
+}
+
+fn reported_body(limits: &[Reported]) -> ReportedBody {
+    let tightest = limits.iter().min_by_key(|reported| reported.balance);
+    let Some(tightest) = tightest else {
+        return ReportedBody {
+            current_limit: None,
+            charged: 0,
+            limit_remaining: 0,
+            duration_until_reset_ms: 0,
+            retry_after_ms: None,
+            limits: Vec::new(),
+        };
+    };
+    ReportedBody {
+        limits: if limits.len() > 1 {
+            limits.iter().map(reported_one).collect()
+        } else {
+            Vec::new()
+        },
+        ..reported_one(tightest)
     }
 }
 

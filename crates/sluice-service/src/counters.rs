@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use sluice::{
-    Algorithm, AlgorithmKind, AlgorithmVisitor, CheckError, Decision, FetchResult, KeyedBuildError,
+    Algorithm, AlgorithmKind, AlgorithmVisitor, Charge, CheckError, Decision, FetchResult, KeyedBuildError,
     KeyedLimiter, KeyedLink, KeyedMetrics, Link, Migrated, Quota, QuotaSource, Receipt,
 };
 use sluice_descriptors::{Entry, Rule, RuleId, RuleSet, last_value_of, push_counter_key, rule_of};
@@ -250,6 +250,9 @@ pub(crate) trait AlgorithmCounters: Send + Sync {
     fn take_quoted(&self, key: &str, cost: u64) -> (TakeAnswer, Quota);
     /// The quota `key`'s counter is held under, if it is held.
     fn quota_of(&self, key: &str) -> Option<Quota>;
+    /// Charges `cost` to `key`'s counter whatever is left, down to its quota's debt; with the
+    /// quota it was charged under.
+    fn charge(&self, key: &str, cost: u64) -> (Charge, Quota);
     /// Gives back a take.
     fn give_back(&self, key: &str, receipt: Receipt, cost: u64);
     /// Moves every counter into `target`, a limiter of the same algorithm, each under its
@@ -276,6 +279,13 @@ impl<A: Algorithm> AlgorithmCounters for Limiter<A> {
 
     fn quota_of(&self, key: &str) -> Option<Quota> {
         KeyedLimiter::quota_of(self, key)
+    }
+
+    fn charge(&self, key: &str, cost: u64) -> (Charge, Quota) {
+        let charge = self.charge_n(key, cost);
+        // Held by the charge (a key the store refused has the unknown-key quota).
+        let quota = KeyedLimiter::quota_of(self, key).unwrap_or_else(|| self.resolve_quota(key));
+        (charge, quota)
     }
 
     fn give_back(&self, key: &str, receipt: Receipt, cost: u64) {

@@ -185,7 +185,13 @@ impl Engine {
     /// Writes into `tally` the limits the request's descriptors are counted against: each
     /// descriptor's rule (if one matches, is not replaced and has a limit), its counter and its
     /// cost. Filled in place, keeping `tally`'s buffers.
-    fn plan<'g>(&self, generation: &'g Generation, request: Request<'_>, peek: bool, tally: &mut Tally<'g>) {
+    pub(crate) fn plan<'g>(
+        &self,
+        generation: &'g Generation,
+        request: Request<'_>,
+        peek: bool,
+        tally: &mut Tally<'g>,
+    ) {
         tally.keys.clear();
         tally.counts.clear();
         let Some(domain) = generation.rules.domain(request.domain) else {

@@ -62,6 +62,11 @@ impl Generation {
         for rule in rules.rules() {
             let kind = rule.algorithm.unwrap_or(settings.algorithm);
             if let Limit::Quota(quota) = rule.limit {
+                if redis.is_some() && rule.count_over_limit {
+                    return Err(EngineError::OverLimitOnRedis {
+                        rule: rule.id.to_string(),
+                    });
+                }
                 if redis.is_some() {
                     for quota in std::iter::once(&quota).chain(&rule.stacked) {
                         sluice_redis::check_quota(kind, quota).map_err(|source| EngineError::Redis {

@@ -35,7 +35,7 @@ mod store;
 pub use answer::{AppliedLimit, Code, DescriptorStatus, Verdict};
 pub use api::{CheckApi, MAX_BODY_BYTES};
 pub use counters::{CounterSettings, ValueQuotaSource, ValueQuotas};
-pub use engine::{Engine, EngineError, Reloaded, RuleReport, TopKey};
+pub use engine::{Engine, EngineError, Reloaded, Report, Reported, RuleReport, TopKey};
 pub use layer::LayerBackend;
 pub use request::{CheckRequest, DescriptorRequest, RequestBounds, RequestError};
 #[cfg(feature = "grpc")]

@@ -55,6 +55,9 @@ pub enum RequestError {
     /// No domain.
     #[error("domain is empty")]
     NoDomain,
+    /// A report (a charge after the fact) asked of counters that cannot take one.
+    #[error("usage reports are counted by the in-memory store only; this service counts on Redis")]
+    ChargeUnsupported,
     /// No descriptors.
     #[error("descriptors is empty")]
     NoDescriptors,

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use sluice::{AlgorithmKind, KeyedMetrics, Quota, Receipt};
+use sluice::{AlgorithmKind, Charge, KeyedMetrics, Quota, Receipt};
 use smallvec::SmallVec;
 
 use super::{Count, Counted, CounterStore, Denial, Tally, has_stacked, over_descriptors};
@@ -50,6 +50,11 @@ impl InMemory {
         };
         let key = keys.get(count.key.clone()).unwrap_or_default();
         let (answer, quota) = counters.take_quoted(key, cost);
+        let admitted = matches!(&answer, Ok((decision, _)) if decision.is_allowed());
+        if !admitted && cost > 0 && count.rule.count_over_limit {
+            // Denied, and counted all the same (below empty): the denial stands as answered.
+            counters.charge(key, cost);
+        }
         let mut taken = None;
         let answer = answer.map(|(decision, receipt)| {
             if decision.is_allowed() && cost > 0 {
@@ -135,6 +140,12 @@ impl CounterStore for InMemory {
     #[inline]
     fn take_now<'g>(&self, count: &Count<'g>, keys: &str) -> Option<Status<'g>> {
         Some(self.take(count, keys, count.cost).0)
+    }
+
+    fn charge_now(&self, count: &Count<'_>, keys: &str) -> Option<(Charge, Quota)> {
+        let counters = self.get(count.kind)?;
+        let key = keys.get(count.key.clone()).unwrap_or_default();
+        Some(counters.charge(key, count.cost))
     }
 
     fn in_memory(&self) -> Option<&InMemory> {

@@ -10,7 +10,7 @@ use std::future::Future;
 use std::ops::Range;
 use std::pin::Pin;
 
-use sluice::{AlgorithmKind, Quota};
+use sluice::{AlgorithmKind, Charge, Quota};
 use sluice_descriptors::Rule;
 use smallvec::SmallVec;
 
@@ -175,6 +175,12 @@ pub(crate) trait CounterStore: Send + Sync {
     /// Takes one limit at once, if this store can (in this process): what a request of one
     /// descriptor needs, with no list to hold and nothing to give back.
     fn take_now<'g>(&self, _count: &Count<'g>, _keys: &str) -> Option<Status<'g>> {
+        None
+    }
+    /// Charges `count`'s cost to its counter whatever is left (a report of usage after the
+    /// fact), if this store can (in this process): the charge and the quota it was charged
+    /// under.
+    fn charge_now(&self, _count: &Count<'_>, _keys: &str) -> Option<(Charge, Quota)> {
         None
     }
     /// The counters as held in this process, for the reload and the metrics.
