@@ -3,9 +3,11 @@
 -- counted in scaled units of 1/k microsecond, in which one unit of cost is exactly p long and
 -- the whole capacity tau = capacity * p long. A state of just "T" or "T F" (written before the
 -- quota was stored) counts as written under the current quota.
--- ARGV: cost, force (1: consume even when over, for hybrid sync), now (-1: Redis TIME), k, p, tau.
+-- ARGV: cost, mode (0: a check; 1: consume even when over, for hybrid sync; 2: a charge, down to
+-- `deepest`), now (-1: Redis TIME), k, p, tau[, deepest].
 -- Returns {allowed, room, ahead, over}: room and ahead in scaled units (room / p is what remains,
--- ahead / k microseconds until full), over = scaled time until the cost fits when denied.
+-- ahead / k microseconds until full), over = scaled time until the cost fits when denied. A
+-- charge returns the same for a peek after it, and then the scaled length it charged.
 local cost = tonumber(ARGV[1])
 local force = ARGV[2] == '1'
 local now = now_micros(ARGV[3])
@@ -44,6 +46,18 @@ local function save(a)
   local whole, frac = divmod(a, k)
   local value = int(now + whole) .. ' ' .. int(frac) .. ' ' .. ARGV[4] .. ' ' .. ARGV[5] .. ' ' .. ARGV[6]
   redis.call('SET', KEYS[1], value, 'PX', ttl_ms(whole + 1))
+end
+
+if ARGV[2] == '2' then
+  -- A cost known after the fact: taken whatever is left, at most to `deepest` ahead (the
+  -- quota's debt below empty); never moved back by it. A huge cost rounds as a double, and
+  -- is then capped at `deepest`, which is exact.
+  local deepest = tonumber(ARGV[7])
+  local target = math.min(ahead + cost * p, math.max(deepest, ahead))
+  if target > ahead or changed then save(target) end
+  local allowed = 1
+  if target > tau then allowed = 0 end
+  return {allowed, at_least_zero(tau - target), target, at_least_zero(target - tau), target - ahead}
 end
 
 local new_ahead = ahead + cost * p

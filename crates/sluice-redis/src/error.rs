@@ -85,6 +85,17 @@ pub enum Error {
     /// Permits asked of a concurrency limit that it cannot give now (or ever).
     #[error(transparent)]
     Acquire(#[from] sluice::AcquireError),
+    /// A charge ([`crate::RedisLimiter::charge_n`]) under an algorithm whose script takes
+    /// none: on Redis only the token bucket takes debt.
+    #[error("the {script} script takes no charge on Redis; token_bucket does")]
+    ChargeUnsupported {
+        /// The script's name.
+        script: &'static str,
+    },
+    /// Redis did not take a charge (unreachable, slow or failing): nothing was counted, and no
+    /// failure policy can count it.
+    #[error("the charge was not counted: {0}")]
+    NotCharged(String),
     /// Redis is unreachable and the failure policy is to fail closed (concurrency limits only;
     /// rate checks answer with a denial instead).
     #[error("Redis is unavailable (no answer within {0:?}) and the policy is to fail closed")]

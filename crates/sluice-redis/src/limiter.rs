@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sluice::{
-    CheckError, Clock, DEFAULT_CAPACITY, DEFAULT_REFRESH, Decision, KeyedLimiter, MonotonicClock, Quota,
-    QuotaSource, StaticQuotas, Unmetered, saturating_nanos,
+    Charge, CheckError, Clock, DEFAULT_CAPACITY, DEFAULT_REFRESH, Decision, KeyedLimiter, MonotonicClock,
+    Quota, QuotaSource, StaticQuotas, Unmetered, saturating_nanos,
 };
 
 use crate::algorithm::kind_of;
@@ -320,6 +320,39 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiter<A, S> {
     /// error: the failure policy answers.
     pub async fn check_n(&self, key: &str, cost: u64) -> Result<Decision, Error> {
         self.check_with(key, cost, ScriptTime::Redis).await
+    }
+
+    /// Consumes `cost` for `key` whatever is left, down to its quota's debt, as
+    /// [`sluice::KeyedLimiter::charge_n`] does, on the state shared through Redis: for costs
+    /// known only once a request was served.
+    ///
+    /// # Errors
+    /// [`Error::ChargeUnsupported`] under a window algorithm (only the token bucket's script
+    /// takes debt); [`Error::QuotaTooLarge`] if the
+    /// key's quota cannot be held exactly; [`Error::NotCharged`] if Redis did not answer (a
+    /// charge is not answered by the failure policy: it has nothing to decide).
+    pub async fn charge_n(&self, key: &str, cost: u64) -> Result<Charge, Error> {
+        let quota = self.inner.book.resolve_quota(key);
+        if quota.is_deny_all() {
+            return Ok(Charge::new(0, 0, Decision::denied(0, 0, 0, u64::MAX)));
+        }
+        let plan = Plan::new(self.inner.kind, &quota)?;
+        let Some(deepest) = plan.charge_limit(&quota) else {
+            return Err(Error::ChargeUnsupported {
+                script: plan.kind.name(),
+            });
+        };
+        let keys = plan.kind.keys(&format!("{{{}:{key}}}", self.inner.prefix));
+        let to_arg = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        let [a, b, c] = plan.args().map(to_arg);
+        let args = [to_arg(cost), 2, -1, a, b, c, to_arg(deepest)];
+        let reply = (self.inner.store.eval(plan.kind.script(), &keys, &args).await)
+            .map_err(|e| Error::NotCharged(e.to_string()))?;
+        self.inner.counters.redis_checks.fetch_add(1, Ordering::Relaxed);
+        plan.charge(&reply).ok_or_else(|| {
+            tracing::error!(key, ?reply, "unexpected script reply to a charge");
+            Error::NotCharged(format!("unexpected reply {reply:?}"))
+        })
     }
 
     /// As [`RedisLimiter::check_n`], at a given Redis time in microseconds instead of Redis'

@@ -25,7 +25,7 @@
 use std::sync::LazyLock;
 
 use redis::Script;
-use sluice::{Decision, Quota};
+use sluice::{Charge, Decision, Quota};
 
 use crate::QuotaTooLarge;
 
@@ -66,6 +66,16 @@ impl Kind {
             Kind::FixedWindow => &FIXED_WINDOW,
             Kind::SlidingWindowCounter => &SLIDING_COUNTER,
             Kind::SlidingWindowLog => &SLIDING_LOG,
+        }
+    }
+
+    /// A short name, for messages.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Kind::TokenBucket => "token bucket (GCRA)",
+            Kind::FixedWindow => "fixed window",
+            Kind::SlidingWindowCounter => "sliding window counter",
+            Kind::SlidingWindowLog => "sliding window log",
         }
     }
 
@@ -146,6 +156,34 @@ impl Plan {
             Shape::Gcra { k, p, tau } => [k, p, tau],
             Shape::Window { micros } => [micros, self.capacity, 0],
         }
+    }
+
+    /// The arguments of a charge after the cost (mode 2), the Redis time and [`Plan::args`]:
+    /// how far ahead of full it may take the bucket, the quota's debt below empty (as much of
+    /// it as the scripts hold exactly). `None` for the window algorithms, whose scripts take
+    /// no charge (their stored state has no room for debt).
+    pub(crate) fn charge_limit(&self, quota: &Quota) -> Option<u64> {
+        let Shape::Gcra { p, tau, .. } = self.shape else {
+            return None;
+        };
+        let debt = u128::from(quota.max_debt()) * u128::from(p);
+        let room = u128::from(EXACT_LIMIT - tau);
+        Some(tau + u64::try_from(debt.min(room)).unwrap_or(0))
+    }
+
+    /// The charge a script's reply to a charge means: a peek after it, what it took and the
+    /// debt.
+    pub(crate) fn charge(&self, reply: &[i64]) -> Option<Charge> {
+        let (&[_, _, ahead, _, taken], Shape::Gcra { p, tau, .. }) = (reply, self.shape) else {
+            return None;
+        };
+        let peek = self.decision(&reply[..4])?;
+        let [ahead, taken] = [ahead, taken].map(|v| u64::try_from(v).unwrap_or(0));
+        Some(Charge::new(
+            taken.div_ceil(p),
+            ahead.saturating_sub(tau).div_ceil(p),
+            peek,
+        ))
     }
 
     /// The decision a script's reply means.

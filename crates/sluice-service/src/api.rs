@@ -280,9 +280,12 @@ async fn report(
                 .collect(),
         })
         .into_response(),
-        Err(e @ crate::RequestError::ChargeUnsupported) => problem(
-            StatusCode::NOT_IMPLEMENTED,
-            "Reports not counted here",
+        Err(e @ crate::RequestError::ChargeUnsupported(_)) => {
+            problem(StatusCode::NOT_IMPLEMENTED, "Report not counted", e.to_string())
+        }
+        Err(e @ crate::RequestError::NotCharged(_)) => problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Report not counted",
             e.to_string(),
         ),
         Err(e) => problem(StatusCode::BAD_REQUEST, "Report out of bounds", e.to_string()),

@@ -35,11 +35,9 @@ pub enum EngineError {
     /// A Redis limiter could not be built.
     #[error("redis: {0}")]
     RedisLimiter(Box<sluice_redis::SetupError>),
-    /// A rule asks to count over its limit, which the Redis scripts cannot do yet (they take
-    /// no charge down to a floor): refused rather than silently not counted.
-    #[error(
-        "rule {rule}: count_over_limit is counted by the in-memory store only; this service counts on Redis"
-    )]
+    /// A rule asks to count over its limit on Redis under an algorithm whose script takes no
+    /// charge (only the token bucket's does): refused rather than silently not counted.
+    #[error("rule {rule}: count_over_limit on Redis needs the token_bucket algorithm")]
     OverLimitOnRedis {
         /// The rule, as its place in the rules reads.
         rule: String,
@@ -510,9 +508,10 @@ impl Engine {
     /// decision.
     ///
     /// # Errors
-    /// The request is outside the bounds ([`crate::RequestBounds`]); or the counters are on
-    /// Redis, whose scripts do not yet take a charge down to a floor
-    /// ([`RequestError::ChargeUnsupported`]).
+    /// The request is outside the bounds ([`crate::RequestBounds`]); a limit counted on Redis
+    /// by an algorithm whose script takes no charge (only the token bucket's does:
+    /// [`RequestError::ChargeUnsupported`]); Redis did not take the charge
+    /// ([`RequestError::NotCharged`]). Limits charged before the one that failed stay charged.
     ///
     /// # Example
     /// ```
@@ -558,10 +557,7 @@ impl Engine {
             if count.cost == 0 {
                 continue;
             }
-            let (charge, quota) = generation
-                .store
-                .charge_now(count, &tally.keys)
-                .ok_or(RequestError::ChargeUnsupported)?;
+            let (charge, quota) = generation.store.charge(count, &tally.keys).await?;
             let decision = charge.decision();
             let rule = count.rule;
             if let Some(list) = statuses.get_mut(count.index) {

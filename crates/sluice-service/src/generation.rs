@@ -62,7 +62,7 @@ impl Generation {
         for rule in rules.rules() {
             let kind = rule.algorithm.unwrap_or(settings.algorithm);
             if let Limit::Quota(quota) = rule.limit {
-                if redis.is_some() && rule.count_over_limit {
+                if redis.is_some() && rule.count_over_limit && kind != AlgorithmKind::TokenBucket {
                     return Err(EngineError::OverLimitOnRedis {
                         rule: rule.id.to_string(),
                     });

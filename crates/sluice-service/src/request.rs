@@ -56,8 +56,11 @@ pub enum RequestError {
     #[error("domain is empty")]
     NoDomain,
     /// A report (a charge after the fact) asked of counters that cannot take one.
-    #[error("usage reports are counted by the in-memory store only; this service counts on Redis")]
-    ChargeUnsupported,
+    #[error("not charged: {0}")]
+    ChargeUnsupported(String),
+    /// A report Redis did not take (unreachable, slow or failing): nothing was counted.
+    #[error("not charged: {0}")]
+    NotCharged(String),
     /// No descriptors.
     #[error("descriptors is empty")]
     NoDescriptors,

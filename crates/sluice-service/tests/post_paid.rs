@@ -2,7 +2,8 @@
 //! fact and answers the balance (negative in debt); a rule with `count_over_limit` counts the
 //! hits of a request it denies, so Envoy's stream-done call with the response's usage as
 //! `hits_addend` meters after the fact over RLS. The checks that follow are denied until the
-//! debt is repaid, with the exact retry-after. On Redis both are refused with a clear answer.
+//! debt is repaid, with the exact retry-after. In memory and on a real Redis (whose token
+//! bucket script takes the charge; the window scripts refuse it by name).
 
 mod common;
 #[path = "../../sluice-redis/tests/support/mod.rs"]
@@ -28,6 +29,8 @@ descriptors:
     rate_limit: {quota: 1000/h, count_over_limit: true}
   - key: team
     rate_limit: {quota: [100/h, 50/day debt 10]}
+  - key: window
+    rate_limit: {quota: 10/h, algorithm: fixed_window}
 ";
 
 fn rules() -> RuleSet {
@@ -58,9 +61,8 @@ async fn serve_api(engine: &Arc<Engine>) -> SocketAddr {
     addr
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reports_charge_below_empty_and_checks_wait_for_the_debt() {
-    let engine = engine_on(None, "post", rules(), EngineSettings::default()).await;
+async fn reports_charge_below_empty_and_checks_wait_for_the_debt(redis: Option<&RedisServer>) {
+    let engine = engine_on(redis, "post", rules(), EngineSettings::default()).await;
     let addr = serve_api(&engine).await;
 
     // Admitted on one hit, then 1 499 tokens reported: 500 below empty.
@@ -105,6 +107,25 @@ async fn reports_charge_below_empty_and_checks_wait_for_the_debt() {
     assert_eq!(team["limits"][1]["current_limit"]["quota"], "50/day debt 10");
     assert_eq!(body["statuses"][1]["charged"], 0);
     assert!(body["statuses"][1].get("current_limit").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_in_memory() {
+    reports_charge_below_empty_and_checks_wait_for_the_debt(None).await;
+    let engine = engine_on(None, "post", rules(), EngineSettings::default()).await;
+    let addr = serve_api(&engine).await;
+    let (status, body) = post(addr, "/v1/report", &one("window", "w", 12)).await;
+    assert_eq!(
+        (status, &body["statuses"][0]["limit_remaining"]),
+        (200, &(-2).into()),
+        "{body}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_on_redis() {
+    let redis = RedisServer::start();
+    reports_charge_below_empty_and_checks_wait_for_the_debt(Some(&redis)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -161,9 +182,8 @@ async fn rls_ask(
 /// Envoy's post-paid meter: a check of one hit on the request, then at stream done the
 /// response's usage as `hits_addend`, which a `count_over_limit` rule counts even when it is
 /// over (OVER_LIMIT is what that late call is told; nothing is refused by then).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rls_counts_a_denied_requests_hits_with_count_over_limit() {
-    let engine = engine_on(None, "post", rules(), EngineSettings::default()).await;
+async fn rls_counts_a_denied_requests_hits_with_count_over_limit(redis: Option<&RedisServer>) {
+    let engine = engine_on(redis, "post", rules(), EngineSettings::default()).await;
     let (socket, addr) = listener().await;
     tokio::spawn(RateLimitService::new(Arc::clone(&engine)).serve(socket, std::future::pending()));
     let mut client = RateLimitServiceClient::connect(format!("http://{addr}"))
@@ -179,7 +199,7 @@ async fn rls_counts_a_denied_requests_hits_with_count_over_limit() {
     assert_eq!(rls_ask(&mut client, "bob", 1).await.0, OK);
     // The same without count_over_limit: a denied request counts nothing.
     let plain = engine_on(
-        None,
+        redis,
         "post",
         RuleSet::from_yaml(&RULES.replace(", count_over_limit: true", "")).unwrap(),
         EngineSettings::default(),
@@ -195,18 +215,41 @@ async fn rls_counts_a_denied_requests_hits_with_count_over_limit() {
     assert_eq!(rls_ask(&mut client, "alice", 1).await, (OK, 998));
 }
 
-/// On Redis a report is answered 501 and a `count_over_limit` rule is refused at load: never
-/// silently uncounted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_redis_reports_and_count_over_limit_are_refused_clearly() {
+async fn rls_meters_in_memory() {
+    rls_counts_a_denied_requests_hits_with_count_over_limit(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rls_meters_on_redis() {
     let redis = RedisServer::start();
-    let plain = RuleSet::from_yaml(&RULES.replace(", count_over_limit: true", "")).unwrap();
-    let engine = engine_on(Some(&redis), "post", plain, EngineSettings::default()).await;
+    rls_counts_a_denied_requests_hits_with_count_over_limit(Some(&redis)).await;
+}
+
+/// On Redis a window algorithm takes no charge: a report of one is answered 501 naming it, a
+/// `count_over_limit` rule under one is refused at load; never silently uncounted. With
+/// Redis gone, a report is answered 503 (nothing was counted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_what_cannot_be_charged_is_refused_clearly() {
+    let redis = RedisServer::start();
+    let engine = engine_on(Some(&redis), "post", rules(), EngineSettings::default()).await;
     let addr = serve_api(&engine).await;
-    let (status, body) = post(addr, "/v1/report", &one("user", "alice", 5)).await;
+    let (status, body) = post(addr, "/v1/report", &one("window", "w", 5)).await;
     assert_eq!(status, 501, "{body}");
-    assert!(body["detail"].as_str().unwrap().contains("in-memory"), "{body}");
-    let error = engine.reload(rules()).unwrap_err();
+    assert!(
+        body["detail"].as_str().unwrap().contains("fixed window"),
+        "{body}"
+    );
+    let windowed = RULES.replace(
+        "algorithm: fixed_window",
+        "algorithm: fixed_window, count_over_limit: true",
+    );
+    let error = engine.reload(RuleSet::from_yaml(&windowed).unwrap()).unwrap_err();
     assert!(matches!(error, EngineError::OverLimitOnRedis { .. }), "{error}");
-    assert!(error.to_string().contains("count_over_limit"), "{error}");
+    assert!(error.to_string().contains("token_bucket"), "{error}");
+
+    drop(redis);
+    let (status, body) = post(addr, "/v1/report", &one("user", "alice", 5)).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body["detail"].as_str().unwrap().contains("not charged"), "{body}");
 }

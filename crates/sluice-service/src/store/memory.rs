@@ -5,12 +5,13 @@
 
 use std::sync::Arc;
 
-use sluice::{AlgorithmKind, Charge, KeyedMetrics, Quota, Receipt};
+use sluice::{AlgorithmKind, KeyedMetrics, Quota, Receipt};
 use smallvec::SmallVec;
 
-use super::{Count, Counted, CounterStore, Denial, Tally, has_stacked, over_descriptors};
+use super::{Charging, Count, Counted, CounterStore, Denial, Tally, has_stacked, over_descriptors};
 use crate::answer::Status;
 use crate::counters::AlgorithmCounters;
+use crate::request::RequestError;
 use crate::settings::Counting;
 
 /// The counters of every algorithm the rules use, in this process.
@@ -50,11 +51,6 @@ impl InMemory {
         };
         let key = keys.get(count.key.clone()).unwrap_or_default();
         let (answer, quota) = counters.take_quoted(key, cost);
-        let admitted = matches!(&answer, Ok((decision, _)) if decision.is_allowed());
-        if !admitted && cost > 0 && count.rule.count_over_limit {
-            // Denied, and counted all the same (below empty): the denial stands as answered.
-            counters.charge(key, cost);
-        }
         let mut taken = None;
         let answer = answer.map(|(decision, receipt)| {
             if decision.is_allowed() && cost > 0 {
@@ -63,6 +59,25 @@ impl InMemory {
             decision
         });
         (Status::of(count.rule, quota, answer), taken)
+    }
+}
+
+impl InMemory {
+    /// Counts the cost of a limit over with `count_over_limit` all the same, below empty (the
+    /// answer stands as decided).
+    #[inline]
+    fn count_over(&self, count: &Count<'_>, keys: &str, status: &Status<'_>) {
+        if status.is_over() && count.cost > 0 && count.rule.count_over_limit {
+            charge_over(self, count, keys);
+        }
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn charge_over(store: &InMemory, count: &Count<'_>, keys: &str) {
+    if let Some(counters) = store.get(count.kind) {
+        counters.charge(keys.get(count.key.clone()).unwrap_or_default(), count.cost);
     }
 }
 
@@ -112,6 +127,7 @@ impl CounterStore for InMemory {
             if let Some((counters, receipt)) = receipt.filter(|_| whole || grouped) {
                 taken.push((at, counters, receipt));
             }
+            self.count_over(count, &tally.keys, &status);
             group.1 |= status.is_over();
             any_over |= group.1;
             denial.add(count, &status);
@@ -139,13 +155,19 @@ impl CounterStore for InMemory {
 
     #[inline]
     fn take_now<'g>(&self, count: &Count<'g>, keys: &str) -> Option<Status<'g>> {
-        Some(self.take(count, keys, count.cost).0)
+        let status = self.take(count, keys, count.cost).0;
+        self.count_over(count, keys, &status);
+        Some(status)
     }
 
-    fn charge_now(&self, count: &Count<'_>, keys: &str) -> Option<(Charge, Quota)> {
-        let counters = self.get(count.kind)?;
-        let key = keys.get(count.key.clone()).unwrap_or_default();
-        Some(counters.charge(key, count.cost))
+    fn charge<'a>(&'a self, count: &'a Count<'_>, keys: &'a str) -> Charging<'a> {
+        let charged = self.get(count.kind).map(|counters| {
+            let key = keys.get(count.key.clone()).unwrap_or_default();
+            counters.charge(key, count.cost)
+        });
+        Box::pin(std::future::ready(charged.ok_or(
+            RequestError::ChargeUnsupported("the counters of this algorithm are gone".into()),
+        )))
     }
 
     fn in_memory(&self) -> Option<&InMemory> {

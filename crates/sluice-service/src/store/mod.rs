@@ -15,6 +15,7 @@ use sluice_descriptors::Rule;
 use smallvec::SmallVec;
 
 use crate::answer::Status;
+use crate::request::RequestError;
 use crate::settings::Counting;
 
 pub(crate) use memory::InMemory;
@@ -152,6 +153,10 @@ impl Tally<'_> {
     }
 }
 
+/// A charge on a store, in flight.
+pub(crate) type Charging<'a> =
+    Pin<Box<dyn Future<Output = Result<(Charge, Quota), RequestError>> + Send + 'a>>;
+
 /// A count on a store, in flight.
 pub(crate) type Later<'a> = Pin<Box<dyn Future<Output = bool> + Send + 'a>>;
 
@@ -177,12 +182,10 @@ pub(crate) trait CounterStore: Send + Sync {
     fn take_now<'g>(&self, _count: &Count<'g>, _keys: &str) -> Option<Status<'g>> {
         None
     }
-    /// Charges `count`'s cost to its counter whatever is left (a report of usage after the
-    /// fact), if this store can (in this process): the charge and the quota it was charged
-    /// under.
-    fn charge_now(&self, _count: &Count<'_>, _keys: &str) -> Option<(Charge, Quota)> {
-        None
-    }
+    /// Charges `count`'s cost to its counter (its key in `keys`) whatever is left, down to its
+    /// quota's debt: a report of usage after the fact. The charge and the quota it was
+    /// charged under.
+    fn charge<'a>(&'a self, count: &'a Count<'_>, keys: &'a str) -> Charging<'a>;
     /// The counters as held in this process, for the reload and the metrics.
     fn in_memory(&self) -> Option<&InMemory> {
         None

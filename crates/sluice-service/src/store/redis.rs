@@ -15,13 +15,14 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use sluice::{AlgorithmKind, Decision, Quota};
+use sluice::{AlgorithmKind, Charge, Decision, Quota};
 use sluice_redis::{FailurePolicy, RedisAlgorithm, RedisAlgorithmVisitor, RedisLimiter, RedisStore};
 use smallvec::SmallVec;
 
-use super::{Count, Counted, CounterStore, Denial, Tally, has_stacked, over_descriptors};
+use super::{Charging, Count, Counted, CounterStore, Denial, Tally, has_stacked, over_descriptors};
 use crate::answer::Status;
 use crate::counters::{CounterSettings, RuleQuotas};
+use crate::request::RequestError;
 use crate::settings::Counting;
 
 /// Where and how the engine's counters are kept on Redis.
@@ -84,11 +85,20 @@ trait SharedCounters: Send + Sync {
     fn take<'a>(&'a self, key: &'a str, cost: u64) -> Take<'a>;
     /// The quota `key` is governed by now.
     fn quota_of(&self, key: &str) -> Quota;
+    /// Charges `cost` to `key`'s counter whatever is left, down to its quota's debt.
+    fn charge<'a>(&'a self, key: &'a str, cost: u64) -> ChargeOnRedis<'a>;
 }
+
+/// A charge on Redis, in flight.
+type ChargeOnRedis<'a> = Pin<Box<dyn Future<Output = Result<Charge, sluice_redis::Error>> + Send + 'a>>;
 
 impl<A: RedisAlgorithm> SharedCounters for RedisLimiter<A, RuleQuotas> {
     fn take<'a>(&'a self, key: &'a str, cost: u64) -> Take<'a> {
         Box::pin(self.check_n(key, cost))
+    }
+
+    fn charge<'a>(&'a self, key: &'a str, cost: u64) -> ChargeOnRedis<'a> {
+        Box::pin(self.charge_n(key, cost))
     }
 
     fn quota_of(&self, key: &str) -> Quota {
@@ -251,7 +261,42 @@ type Place = usize;
 /// Limits with the status a look gave them.
 type Looked<'g> = SmallVec<[(Place, Status<'g>); 2]>;
 
+impl OnRedis {
+    /// Charges a limit's cost, with the quota it was charged under.
+    async fn charge_one(&self, count: &Count<'_>, keys: &str) -> Result<(Charge, Quota), RequestError> {
+        let counters = (self.get(count.kind)).ok_or_else(|| {
+            RequestError::ChargeUnsupported("the counters of this algorithm are gone".into())
+        })?;
+        let key = keys.get(count.key.clone()).unwrap_or_default();
+        match counters.charge(key, count.cost).await {
+            Ok(charge) => Ok((charge, counters.quota_of(key))),
+            Err(
+                e @ (sluice_redis::Error::ChargeUnsupported { .. } | sluice_redis::Error::QuotaTooLarge(_)),
+            ) => Err(RequestError::ChargeUnsupported(e.to_string())),
+            Err(e) => Err(RequestError::NotCharged(e.to_string())),
+        }
+    }
+
+    /// Counts the cost of each limit over with `count_over_limit` all the same, below empty
+    /// (the answer stands as decided). A charge Redis does not take is logged: the request was
+    /// answered already.
+    async fn count_over(&self, tally: &Tally<'_>) {
+        let over = (tally.counts.iter().zip(&tally.statuses))
+            .filter(|(count, status)| count.rule.count_over_limit && count.cost > 0 && status.is_over());
+        let charges = over.map(|(count, _)| async move {
+            if let Err(e) = self.charge_one(count, &tally.keys).await {
+                tracing::warn!(rule = %count.rule.id, "a denied request's hits were not counted: {e}");
+            }
+        });
+        futures_util::future::join_all(charges).await;
+    }
+}
+
 impl CounterStore for OnRedis {
+    fn charge<'a>(&'a self, count: &'a Count<'_>, keys: &'a str) -> Charging<'a> {
+        Box::pin(self.charge_one(count, keys))
+    }
+
     fn has(&self, kind: AlgorithmKind) -> bool {
         self.by_kind.iter().any(|(k, _)| *k == kind)
     }
@@ -273,34 +318,48 @@ impl CounterStore for OnRedis {
         let look_first =
             counting == Counting::AllOrNothing && tally.counts.iter().filter(|c| c.cost > 0).count() > 1;
         let grouped = !look_first && has_stacked(&tally.counts);
+        let counts_over = tally.counts.iter().any(|count| count.rule.count_over_limit);
         Counted::Later(Box::pin(async move {
-            let all: SmallVec<[Place; 2]> = (0..tally.counts.len()).collect();
-            if look_first {
-                return self.look_then_take(tally, &all).await;
+            let denied = self.count_all(tally, look_first, grouped).await;
+            if counts_over {
+                self.count_over(tally).await;
             }
-            if grouped {
-                // Each descriptor's stacked quotas all or nothing, the descriptors apart.
-                let mut start = 0;
-                while start < all.len() {
-                    let index = tally.counts[start].index;
-                    let end = (start..all.len())
-                        .find(|&at| tally.counts[at].index != index)
-                        .unwrap_or(all.len());
-                    let group = &all[start..end];
-                    if group.len() > 1 {
-                        self.look_then_take(tally, group).await;
-                    } else {
-                        let decisions = self.take_all(tally, group, |count| count.cost).await;
-                        settle(tally, group, decisions);
-                    }
-                    start = end;
-                }
-                return Denial::of(&tally.counts, &tally.statuses);
-            }
-            let decisions = self.take_all(tally, &all, |count| count.cost).await;
-            settle(tally, &all, decisions);
-            Denial::of(&tally.counts, &tally.statuses)
+            denied
         }))
+    }
+}
+
+impl OnRedis {
+    /// Counts every limit of `tally`: looking first (all or nothing over several limits),
+    /// each descriptor's stacked quotas all or nothing (`grouped`), or each limit alone.
+    /// Whether the limits deny.
+    async fn count_all(&self, tally: &mut Tally<'_>, look_first: bool, grouped: bool) -> bool {
+        let all: SmallVec<[Place; 2]> = (0..tally.counts.len()).collect();
+        if look_first {
+            return self.look_then_take(tally, &all).await;
+        }
+        if grouped {
+            // Each descriptor's stacked quotas all or nothing, the descriptors apart.
+            let mut start = 0;
+            while start < all.len() {
+                let index = tally.counts[start].index;
+                let end = (start..all.len())
+                    .find(|&at| tally.counts[at].index != index)
+                    .unwrap_or(all.len());
+                let group = &all[start..end];
+                if group.len() > 1 {
+                    self.look_then_take(tally, group).await;
+                } else {
+                    let decisions = self.take_all(tally, group, |count| count.cost).await;
+                    settle(tally, group, decisions);
+                }
+                start = end;
+            }
+            return Denial::of(&tally.counts, &tally.statuses);
+        }
+        let decisions = self.take_all(tally, &all, |count| count.cost).await;
+        settle(tally, &all, decisions);
+        Denial::of(&tally.counts, &tally.statuses)
     }
 }
 
