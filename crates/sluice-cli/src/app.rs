@@ -11,7 +11,10 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
 use sluice_descriptors::{DomainRules, RuleSet};
-use sluice_http::{LayerBuildError, RateLimit, RateLimitLayer, RouteCosts, TrustedProxies, WaitRoom};
+use sluice_http::{
+    ChargeCounts, ChargeTally, LayerBuildError, RateLimit, RateLimitLayer, RouteCosts, TrustedProxies,
+    WaitRoom,
+};
 use sluice_redis::{RedisOptions, RedisStore};
 use sluice_service::{
     CounterSettings, Engine, EngineSettings, LayerBackend, RedisCounters, ValueQuotaSource, ValueQuotas,
@@ -143,6 +146,8 @@ pub struct App {
     /// The queues of requests waiting for capacity: kept across reloads, so waiters keep
     /// their places and the bound on them holds for the whole server.
     room: Arc<WaitRoom>,
+    /// Where the charges after responses are counted (`charge_from`): kept across reloads.
+    charges: ChargeTally,
 }
 
 impl App {
@@ -154,6 +159,11 @@ impl App {
     /// The requests waiting for capacity.
     pub fn wait_room(&self) -> &Arc<WaitRoom> {
         &self.room
+    }
+
+    /// What the charges after responses came to (`charge_from`), if the layer charges.
+    pub fn charge_counts(&self) -> Option<ChargeCounts> {
+        self.service.charge_counts()
     }
 
     /// A new app with a new engine (connecting to Redis if the settings say so). Must run
@@ -192,12 +202,12 @@ impl App {
             }
         };
         let room = Arc::new(WaitRoom::new(settings.excess.max_waiters));
-        Self::with_engine(settings, Arc::new(engine), room)
+        Self::with_engine(settings, Arc::new(engine), room, ChargeTally::default())
     }
 
-    /// The app that replaces `self` on a reload: the same waiters.
+    /// The app that replaces `self` on a reload: the same waiters, the same charge counts.
     fn next(&self, settings: &Settings, engine: Arc<Engine>) -> Result<Self, AppError> {
-        Self::with_engine(settings, engine, Arc::clone(&self.room))
+        Self::with_engine(settings, engine, Arc::clone(&self.room), self.charges.clone())
     }
 
     /// The last step of a reload that built a new engine: the running one hands over to it,
@@ -265,7 +275,12 @@ impl App {
         Ok((app.take_over_from(self), reloaded))
     }
 
-    fn with_engine(settings: &Settings, engine: Arc<Engine>, room: Arc<WaitRoom>) -> Result<Self, AppError> {
+    fn with_engine(
+        settings: &Settings,
+        engine: Arc<Engine>,
+        room: Arc<WaitRoom>,
+        charges: ChargeTally,
+    ) -> Result<Self, AppError> {
         let layer = RateLimitLayer::builder(accounts_backend(&engine))
             .key(settings.key_parts.iter().cloned())
             .default_key(settings.default_key.clone())
@@ -277,7 +292,12 @@ impl App {
             .costs(RouteCosts::new(settings.costs.iter().cloned()))
             .headers_on_allow(settings.headers)
             .on_excess(settings.excess.default)
-            .wait_room(Arc::clone(&room));
+            .wait_room(Arc::clone(&room))
+            .charge_tally(charges.clone());
+        let layer = match &settings.charge_from {
+            Some(from) => layer.charge_from(from.clone()),
+            None => layer,
+        };
         let layer = (settings.excess.by_account.iter())
             .fold(layer, |layer, (account, policy)| {
                 layer.on_excess_for(account.clone(), *policy)
@@ -289,6 +309,7 @@ impl App {
             limiter_settings: settings.limiter.clone(),
             engine,
             room,
+            charges,
         })
     }
 }

@@ -467,6 +467,27 @@ impl Collector for Observed {
             counter(&mut m, &[("result", "refused"), ("reason", reason)], n)?;
         }
         counter(&mut m, &[("result", "late")], waits.late)?;
+        if let Some(charges) = app.charge_counts() {
+            let mut m = family(
+                &mut encoder,
+                "response_charges",
+                "Admitted responses that reported a cost (charge_from): charged (of which capped: \
+                 charged the maximum), not a whole number (malformed), not taken by the store \
+                 (uncharged).",
+                MetricType::Counter,
+            )?;
+            counter(&mut m, &[("outcome", "charged")], charges.charged)?;
+            counter(&mut m, &[("outcome", "capped")], charges.capped)?;
+            counter(&mut m, &[("outcome", "malformed")], charges.malformed)?;
+            counter(&mut m, &[("outcome", "uncharged")], charges.uncharged)?;
+            let mut m = family(
+                &mut encoder,
+                "response_charged_units",
+                "Units charged after responses (charge_from), as reported (capped at the maximum).",
+                MetricType::Counter,
+            )?;
+            counter(&mut m, &[], charges.units)?;
+        }
         lone_gauge(
             &mut encoder,
             "open_connections",

@@ -9,7 +9,7 @@ use sluice_http::{
     ClientIpHeader, CostRule, IpNet, KeyPart, LayerBuildError, RateLimitLayer, normalize_path,
 };
 
-use super::raw::{RawConfig, RawCost, RawKey, RawWait};
+use super::raw::{RawChargeFrom, RawConfig, RawCost, RawKey, RawWait};
 use super::{
     ConfigError, DEFAULT_MAX_WAIT, DEFAULT_QUEUE_LIMIT, ExcessSettings, LimiterSettings, RulesFrom,
     ServiceSettings, Settings, duration, error,
@@ -207,6 +207,7 @@ impl RawConfig {
         let costs = (self.costs.iter().enumerate())
             .map(|(i, rule)| cost(i, rule))
             .collect::<Result<Vec<_>, _>>()?;
+        let charge_from = self.charge_from.as_ref().map(charge_from).transpose()?;
         let admin_tls = (self.admin.as_ref().and_then(|a| a.tls.as_ref()))
             .map(|raw| tls("admin.tls", raw, dir))
             .transpose()?;
@@ -255,6 +256,7 @@ impl RawConfig {
             bypass: self.bypass,
             costs,
             headers: self.headers,
+            charge_from,
             excess: ExcessSettings {
                 default: server_waits.policy(),
                 by_account,
@@ -446,6 +448,23 @@ fn held(algorithm: AlgorithmKind, on_redis: bool, field: &str, quota: Quota) -> 
 }
 
 /// A key (an account's name, a bypassed key) no longer than `key.max_length`.
+/// The `charge_from:` section: a header name, and a maximum of at least 1.
+fn charge_from(raw: &RawChargeFrom) -> Result<sluice_http::ChargeFrom, ConfigError> {
+    let header = (raw.header.parse::<http::HeaderName>()).map_err(|e| {
+        error(
+            "charge_from.header",
+            format!("{:?} is not a header name: {e}", raw.header),
+        )
+    })?;
+    if raw.max == 0 {
+        return Err(error(
+            "charge_from.max",
+            "the most one response may charge must be at least 1",
+        ));
+    }
+    Ok(sluice_http::ChargeFrom::new(header, raw.max).strip(raw.strip))
+}
+
 fn fits_key(field: String, key: &str, max_key_len: usize) -> Result<(), ConfigError> {
     if key.len() > max_key_len {
         return Err(error(

@@ -263,6 +263,18 @@ pub struct Settings {
     pub costs: Vec<CostRule>,
     /// Whether admitted responses carry the rate-limit fields.
     pub headers: bool,
+    /// The response header whose cost is charged after each admitted response, if any
+    /// (`charge_from: {header, max, strip}`).
+    ///
+    /// ```
+    /// let s = sluice_config::parse("charge_from: {header: x-usage, max: 5000, strip: true}\n")?;
+    /// assert_eq!(s.charge_from.unwrap().header().as_str(), "x-usage");
+    /// let e = sluice_config::parse("charge_from: {header: 'x usage', max: 5}\n").unwrap_err();
+    /// assert_eq!(e.field, "charge_from.header");
+    /// assert_eq!(sluice_config::parse("charge_from: {header: x-usage, max: 0}\n").unwrap_err().field, "charge_from.max");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub charge_from: Option<sluice_http::ChargeFrom>,
     /// Whether requests over their quota wait.
     pub excess: ExcessSettings,
     /// The rate-limit service, if rules are configured.

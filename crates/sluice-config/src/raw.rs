@@ -55,6 +55,8 @@ pub(super) struct RawConfig {
     /// A quota service asked for every key not in `accounts`.
     pub accounts_url: Option<String>,
     pub costs: Vec<RawCost>,
+    /// Post-paid costs read from a response header; none when left out.
+    pub charge_from: Option<RawChargeFrom>,
     pub redis: Option<RawRedis>,
     /// Descriptor rules (envoy ratelimit's format): a file or a directory, or a rules
     /// service to poll.
@@ -110,6 +112,7 @@ impl Default for RawConfig {
             accounts: BTreeMap::new(),
             accounts_url: None,
             costs: Vec::new(),
+            charge_from: None,
             redis: None,
             rules: None,
             rls: None,
@@ -122,6 +125,16 @@ impl Default for RawConfig {
             metrics: None,
         }
     }
+}
+
+/// The `charge_from:` section: every field is needed but `strip`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawChargeFrom {
+    pub header: String,
+    pub max: u64,
+    #[serde(default)]
+    pub strip: bool,
 }
 
 /// The `redis:` section; a field left out takes its value from `RedisSettings::default()`.

@@ -26,7 +26,17 @@ fn fields(section: &str) -> Vec<String> {
 
 #[test]
 fn every_key_of_the_schema_has_a_variable_and_no_variable_names_nothing() {
-    let sections = ["key", "redis", "rls", "api", "admin", "rules", "otlp", "metrics"];
+    let sections = [
+        "key",
+        "redis",
+        "rls",
+        "api",
+        "admin",
+        "rules",
+        "otlp",
+        "metrics",
+        "charge_from",
+    ];
     let mut schema = BTreeSet::new();
     for field in fields("") {
         // A section is set key by key; `rules` is a path too.
@@ -72,6 +82,7 @@ fn each_variable_sets_its_key() {
     let admin = [("admin.listen", "127.0.0.1:0")];
     let api = [("rules.url", "http://127.0.0.1:9"), ("api.listen", "127.0.0.1:0")];
     let otlp = [("otlp.endpoint", "http://127.0.0.1:4317")];
+    let charging = [("charge_from.header", "x-usage"), ("charge_from.max", "5")];
     // Each key, a value other than its default, and what it needs beside it.
     let cases: Vec<(&str, &str, Beside)> = vec![
         ("listen", "127.0.0.1:9999", &[]),
@@ -111,6 +122,9 @@ fn each_variable_sets_its_key() {
         ("accounts", "{alice: 1/s}", &[]),
         ("accounts_url", "http://127.0.0.1:9/q/{key}", &[]),
         ("costs", "[{path: /x, cost: 2}]", &[]),
+        ("charge_from.header", "x-tokens", &charging),
+        ("charge_from.max", "9", &charging),
+        ("charge_from.strip", "true", &charging),
         ("redis.url", "redis://127.0.0.1:1", &[]),
         ("redis.cluster", "[redis://127.0.0.1:1]", &[]),
         ("redis.policy", "fail_closed", &redis),

@@ -41,6 +41,15 @@ pub trait LimitBackend: Send + Sync + 'static {
     fn check_quoted(&self, key: &str, cost: u64) -> (CheckFuture, Option<Quota>) {
         (self.check(key, cost), None)
     }
+
+    /// Charges `cost` to `key` whatever is left, down to its quota's debt: a cost a response
+    /// reported after the fact ([`crate::RateLimitBuilder::charge_from`]). Whether the charge
+    /// was taken (or, for a store that answers later, sent); the default takes none, and the
+    /// layer counts the response as uncharged.
+    fn charge(&self, key: &str, cost: u64) -> bool {
+        let _ = (key, cost);
+        false
+    }
 }
 
 type Answer = Result<Decision, CheckError>;
@@ -131,5 +140,10 @@ where
     fn check_quoted(&self, key: &str, cost: u64) -> (CheckFuture, Option<Quota>) {
         let (answer, quota) = self.check_n_quoted(key, cost);
         (CheckFuture::ready(answer), Some(quota))
+    }
+
+    fn charge(&self, key: &str, cost: u64) -> bool {
+        self.charge_n(key, cost);
+        true
     }
 }

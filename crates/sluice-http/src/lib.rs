@@ -42,6 +42,11 @@
 //! once; a remote store (such as a decision engine whose counters are on Redis) answers
 //! through a [`CheckFuture`], and the request waits for it before reaching the inner service.
 //!
+//! A cost known only once the response is written (tokens generated, bytes sent) can be
+//! charged after it ([`RateLimitBuilder::charge_from`]): the inner service reports it in a
+//! response header, the layer charges it to the request's key whatever is left, and the key's
+//! next requests wait for the debt to be repaid.
+//!
 //! A request over its quota may wait for capacity instead of being refused
 //! ([`RateLimitBuilder::on_excess`]): in its key's queue, holding only its place, within a
 //! `max_wait` it is refused at once if it cannot be served in, a queue limit per key and a
@@ -56,6 +61,7 @@
 #![warn(missing_docs)]
 
 mod backend;
+mod charge;
 mod cost;
 mod fields;
 mod headers;
@@ -66,6 +72,7 @@ mod proxy;
 mod wait;
 
 pub use backend::{CheckFuture, LimitBackend};
+pub use charge::{ChargeCounts, ChargeFrom, ChargeTally};
 pub use cost::{CostRule, PathError, RouteCosts, normalize_path};
 pub use fields::FieldSet;
 pub use headers::FieldPolicy;

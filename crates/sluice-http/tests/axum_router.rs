@@ -83,3 +83,58 @@ fn keys_by_client_ip_with_axum_connect_info() {
     let (_, head, _) = get_as(addr, "/", "anyone");
     assert!(head.contains("ratelimit-policy: \"default\";q=2;w=60"), "{head}");
 }
+
+/// Post-paid: each response reports its cost in `x-usage` (as an LLM service reports tokens);
+/// the layer charges it to the key after the response, strips the header, and the key's next
+/// requests are refused until the debt is repaid. Malformed and huge values are counted.
+#[test]
+fn charges_the_cost_a_response_reports() {
+    use axum::extract::Path;
+    use sluice_http::ChargeFrom;
+    let limiter = KeyedLimiter::<String, _>::builder(TokenBucket, "10/h".parse().unwrap())
+        .unknown_key_quota("10/h".parse().unwrap())
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::builder(limiter)
+        .key([KeyPart::Header("x-account-id".parse().unwrap())])
+        .charge_from(ChargeFrom::new("x-usage".parse().unwrap(), 1_000).strip(true))
+        .build()
+        .unwrap();
+    let counts = layer.clone();
+    let router = Router::new()
+        .route(
+            "/generate/{tokens}",
+            get(|Path(tokens): Path<String>| async move { ([("x-usage", tokens)], "generated") }),
+        )
+        .layer(layer);
+    let addr = serve(router);
+
+    // Admitted at 1, then 25 reported: 9 left, 10 below empty at most (one period's worth).
+    let (status, head, body) = get_as(addr, "/generate/25", "alice");
+    assert_eq!((status, body.as_str()), (200, "generated"));
+    assert!(!head.contains("x-usage"), "stripped: {head}");
+    let (status, head, _) = get_as(addr, "/generate/1", "alice");
+    assert_eq!(status, 429, "{head}");
+    // 11 units at 10 an hour: 3 960 s, less what the test took.
+    assert!(head.contains("retry-after: 396"), "{head}");
+    assert_eq!(
+        get_as(addr, "/generate/3", "bob").0,
+        200,
+        "another key pays nothing"
+    );
+
+    for junk in ["-4", "2.5", "lots"] {
+        assert_eq!(get_as(addr, &format!("/generate/{junk}"), "carol").0, 200);
+    }
+    assert_eq!(get_as(addr, "/generate/99999999999999999999999", "dave").0, 200);
+    let counts = counts.charge_counts().unwrap();
+    assert_eq!(
+        (counts.charged, counts.malformed, counts.capped),
+        (3, 3, 1),
+        "{counts:?}"
+    );
+    assert_eq!(counts.units, 25 + 3 + 1_000);
+    assert_eq!(counts.uncharged, 0);
+    // Carol's malformed reports charged nothing: 7 admissions of her 10 remain.
+    assert_eq!(get_as(addr, "/generate/0", "carol").0, 200);
+}

@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use futures_util::FutureExt;
+
 use sluice::{CheckError, Decision, Quota};
 use sluice_descriptors::{Entry, Limit};
 use sluice_http::{CheckFuture, LimitBackend};
@@ -11,7 +13,7 @@ use crate::answer::{Outcome, Status, tighter};
 use crate::counters::push_counter;
 use crate::decide::{Decided, with_keys};
 use crate::engine::Engine;
-use crate::request::{Descriptor, Request, RequestError};
+use crate::request::{CheckRequest, Descriptor, DescriptorRequest, Request, RequestError};
 use crate::stats::FrontEnd;
 
 /// An [`Engine`] as the HTTP layer's [`LimitBackend`]: the layer's key for a request is the
@@ -147,5 +149,38 @@ impl LimitBackend for LayerBackend {
             decided.answer().await.unwrap_or_else(|e| undecidable(&e)).0
         };
         (CheckFuture::pending(later), None)
+    }
+
+    /// Reports `cost` for `key` ([`Engine::report`]): taken at once in memory; on Redis sent
+    /// on a task of the running Tokio runtime (the response does not wait for it), or not
+    /// taken outside one.
+    fn charge(&self, key: &str, cost: u64) -> bool {
+        let request = CheckRequest {
+            domain: self.domain.clone(),
+            descriptors: vec![DescriptorRequest {
+                entries: vec![(self.entry_key.clone(), key.to_owned())],
+                hits: Some(cost),
+                limit: None,
+            }],
+            hits: None,
+        };
+        let engine = Arc::clone(self.engine.latest());
+        let mut report = Box::pin(async move {
+            if let Err(e) = engine.report(&request).await {
+                tracing::warn!("a response's cost was not charged: {e}");
+                return false;
+            }
+            true
+        });
+        if let Some(taken) = (&mut report).now_or_never() {
+            return taken;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(report);
+                true
+            }
+            Err(_) => false,
+        }
     }
 }

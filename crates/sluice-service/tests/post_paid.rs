@@ -226,6 +226,68 @@ async fn rls_meters_on_redis() {
     rls_counts_a_denied_requests_hits_with_count_over_limit(Some(&redis)).await;
 }
 
+/// The HTTP layer on the engine: each response reports its cost in `x-usage`, charged to the
+/// user after the response; the user's next request waits for the debt (on Redis the charge
+/// is sent on a task, so the test waits for it to land).
+async fn the_layer_charges_what_responses_report(redis: Option<&RedisServer>) {
+    use axum::Router;
+    use axum::extract::Path;
+    use axum::routing::get;
+    use sluice_http::{ChargeFrom, KeyPart, RateLimitLayer};
+    use sluice_service::LayerBackend;
+
+    let engine = engine_on(redis, "post", rules(), EngineSettings::default()).await;
+    let layer = RateLimitLayer::builder(LayerBackend::new(Arc::clone(&engine), "llm", "user"))
+        .key([KeyPart::Header("x-user".parse().unwrap())])
+        .charge_from(ChargeFrom::new("x-usage".parse().unwrap(), 5_000))
+        .build()
+        .unwrap();
+    let counts = layer.clone();
+    let router = Router::new()
+        .route(
+            "/generate/{tokens}",
+            get(|Path(tokens): Path<String>| async move { ([("x-usage", tokens)], "generated") }),
+        )
+        .layer(layer);
+    let (socket, addr) = listener().await;
+    tokio::spawn(async move { axum::serve(socket, router).await });
+    let ask = |tokens: u64, user: &'static str| {
+        let request = format!(
+            "GET /generate/{tokens} HTTP/1.1\r\nhost: t\r\nx-user: {user}\r\nconnection: close\r\n\r\n"
+        );
+        exchange(addr, request)
+    };
+    let (status, body) = ask(1_200, "alice").await;
+    assert_eq!((status, body.as_str()), (200, "generated"));
+    // 999 left after the request, 1 200 reported: 201 below empty.
+    let mut status = 200;
+    for _ in 0..100 {
+        status = ask(1, "alice").await.0;
+        if status == 429 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(status, 429, "the debt holds alice back");
+    assert_eq!(ask(1, "bob").await.0, 200);
+    let counts = counts.charge_counts().unwrap();
+    // Every admitted response was charged: alice's 1 200, then one token each for bob's and
+    // any of alice's admitted while her charge was on its way (on Redis).
+    assert!(counts.charged >= 2 && counts.uncharged == 0, "{counts:?}");
+    assert_eq!(counts.units, 1_200 + (counts.charged - 1), "{counts:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layer_charges_in_memory() {
+    the_layer_charges_what_responses_report(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layer_charges_on_redis() {
+    let redis = RedisServer::start();
+    the_layer_charges_what_responses_report(Some(&redis)).await;
+}
+
 /// On Redis a window algorithm takes no charge: a report of one is answered 501 naming it, a
 /// `count_over_limit` rule under one is refused at load; never silently uncounted. With
 /// Redis gone, a report is answered 503 (nothing was counted).

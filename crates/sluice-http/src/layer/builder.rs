@@ -7,10 +7,13 @@ use sluice::WaitPolicy;
 
 use super::RateLimitLayer;
 use super::gatekeeper::Gatekeeper;
+use crate::charge::Charger;
 use crate::headers::{next_policy_id, valid_policy_name};
 use crate::key::{KeyPart, KeySource, MAX_KEY_LEN};
 use crate::wait::{ExcessPolicies, waits};
-use crate::{ClientIpHeader, LimitBackend, PeerAddr, RouteCosts, TrustedProxies, WaitRoom};
+use crate::{
+    ChargeFrom, ChargeTally, ClientIpHeader, LimitBackend, PeerAddr, RouteCosts, TrustedProxies, WaitRoom,
+};
 
 /// The IPv6 prefix clients are keyed by unless set: a /64 is what one subscriber or host
 /// usually holds, and it can pick any address in it.
@@ -105,6 +108,8 @@ pub struct RateLimitBuilder {
     on_excess: WaitPolicy,
     on_excess_by_key: Vec<(String, WaitPolicy)>,
     wait_room: Option<Arc<WaitRoom>>,
+    charge_from: Option<ChargeFrom>,
+    charge_tally: Option<ChargeTally>,
 }
 
 impl RateLimitBuilder {
@@ -126,7 +131,27 @@ impl RateLimitBuilder {
             on_excess: WaitPolicy::reject(),
             on_excess_by_key: Vec::new(),
             wait_room: None,
+            charge_from: None,
+            charge_tally: None,
         }
+    }
+
+    /// Where the charges after responses are counted (default: a tally of the layer's own):
+    /// give the tally of the layer this one replaces to keep counting from where it was.
+    pub fn charge_tally(mut self, tally: ChargeTally) -> Self {
+        self.charge_tally = Some(tally);
+        self
+    }
+
+    /// Charges the cost each admitted request's response reports in a header, after the
+    /// response, to the request's key whatever is left ([`LimitBackend::charge`]): for costs
+    /// known only once served (tokens generated, bytes sent). The request itself is admitted
+    /// as any other (at its route's cost); its key's next requests wait for the debt to be
+    /// repaid. A value that is not a whole number charges nothing, one above the maximum
+    /// charges the maximum; both are counted ([`RateLimitLayer::charge_counts`]).
+    pub fn charge_from(mut self, from: ChargeFrom) -> Self {
+        self.charge_from = Some(from);
+        self
     }
 
     /// What the key is made of (default: the client IP). Several parts are joined by `|`,
@@ -306,6 +331,8 @@ impl RateLimitBuilder {
                 policy_name: self.policy_name.into(),
                 peer_addr: self.peer_addr,
                 excess,
+                charge: (self.charge_from)
+                    .map(|from| Charger::new(from, self.charge_tally.unwrap_or_default())),
             }),
         })
     }

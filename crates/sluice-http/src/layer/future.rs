@@ -14,6 +14,20 @@ use crate::CheckFuture;
 use crate::headers::{Rendered, Waited};
 use crate::wait::WaitFuture;
 
+/// Where an admitted request's response cost is charged (the layer charges after responses).
+pub(super) struct Charging {
+    key: Box<str>,
+    gatekeeper: Arc<Gatekeeper>,
+}
+
+impl Charging {
+    fn settle(&self, headers: &mut http::HeaderMap) {
+        if let Some(charger) = &self.gatekeeper.charge {
+            charger.settle(&*self.gatekeeper.backend, &self.key, headers);
+        }
+    }
+}
+
 /// A request held back while the backend decides, with what it needs afterwards.
 pub(super) struct Waiting<S, ReqBody> {
     pub(super) inner: S,
@@ -44,7 +58,12 @@ pin_project! {
         // Boxed: only remote backends wait, and the in-memory future stays small.
         Checking { check: CheckFuture, waiting: Option<Box<Waiting<S, ReqBody>>> },
         Queued { wait: WaitFuture, waiting: Option<Box<Waiting<S, ReqBody>>> },
-        Inner { #[pin] future: S::Future, fields: Option<Rendered>, waited: Option<Waited> },
+        Inner {
+            #[pin] future: S::Future,
+            fields: Option<Rendered>,
+            waited: Option<Waited>,
+            charge: Option<Box<Charging>>,
+        },
         Ready { response: Option<Response<ResBody>> },
     }
 }
@@ -57,11 +76,12 @@ where
     /// The request passed on to `inner`, or denied.
     pub(super) fn admitted_or_denied(
         admission: Admission,
-        gatekeeper: &Gatekeeper,
+        charge: Option<Box<str>>,
+        gatekeeper: &Arc<Gatekeeper>,
         inner: &mut S,
         request: Request<ReqBody>,
     ) -> Self {
-        let kind = Kind::admitted_or_denied(admission, gatekeeper, inner, request, None);
+        let kind = Kind::admitted_or_denied(admission, charge, gatekeeper, inner, request, None);
         Self { kind }
     }
 
@@ -129,10 +149,12 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: From<&'static str>,
 {
-    /// `waited`: how long the request waited in its key's queue, if it did.
+    /// `waited`: how long the request waited in its key's queue, if it did; `charge`: the key
+    /// its response's cost is charged to, if the layer charges after responses.
     fn admitted_or_denied(
         admission: Admission,
-        gatekeeper: &Gatekeeper,
+        charge: Option<Box<str>>,
+        gatekeeper: &Arc<Gatekeeper>,
         inner: &mut S,
         request: Request<ReqBody>,
         waited: Option<Waited>,
@@ -142,6 +164,12 @@ where
                 future: inner.call(request),
                 fields: fields.map(|f| gatekeeper.render(f)),
                 waited,
+                charge: charge.map(|key| {
+                    Box::new(Charging {
+                        key,
+                        gatekeeper: Arc::clone(gatekeeper),
+                    })
+                }),
             },
             Admission::Deny(fields) => {
                 let mut response = gatekeeper.denied(fields);
@@ -173,7 +201,8 @@ where
             gatekeeper,
         } = *waiting;
         let admission = gatekeeper.admission(answer, || gatekeeper.backend.quota(&key));
-        Kind::admitted_or_denied(admission, &gatekeeper, &mut inner, request, waited)
+        let charge = gatekeeper.charge_key(&admission, &key);
+        Kind::admitted_or_denied(admission, charge, &gatekeeper, &mut inner, request, waited)
     }
 }
 
@@ -200,8 +229,12 @@ where
                     future,
                     fields,
                     waited,
+                    charge,
                 } => {
                     let mut response = std::task::ready!(future.poll(cx))?;
+                    if let Some(charge) = charge.take() {
+                        charge.settle(response.headers_mut());
+                    }
                     if let Some(fields) = fields.take() {
                         fields.write(response.headers_mut());
                     }

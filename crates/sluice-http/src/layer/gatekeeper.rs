@@ -8,6 +8,7 @@ use http::{HeaderMap, Request, Response, StatusCode};
 use sluice::{CheckError, Decision, QueueOrder, Quota, WaitPolicy};
 
 use super::PeerAddrReader;
+use crate::charge::Charger;
 use crate::headers::{RateFields, Rendered, denial_headers};
 use crate::key::{KeyBuf, KeyRejection, KeySource};
 use crate::wait::{ExcessPolicies, WaitFuture, after_check, queue};
@@ -37,11 +38,15 @@ pub(super) struct Gatekeeper {
     pub(super) peer_addr: PeerAddrReader,
     /// Whether requests over their quota wait; `None` when none may.
     pub(super) excess: Option<ExcessPolicies>,
+    /// The cost responses report, charged after them; `None` when none is.
+    pub(super) charge: Option<Charger>,
 }
 
 /// What becomes of a request.
 pub(super) enum Gate {
-    Decided(Admission),
+    /// With the key to charge the response's cost to, for an admission when the layer
+    /// charges after responses.
+    Decided(Admission, Option<Box<str>>),
     BadKey(KeyRejection),
     /// The backend answers later; the key is kept to read its quota then.
     Wait(CheckFuture, Box<str>),
@@ -83,7 +88,7 @@ impl Gatekeeper {
 
     fn decide_for<B>(&self, request: &Request<B>, key: &str) -> Gate {
         if !self.bypass.is_empty() && self.bypass.contains(key) {
-            return Gate::Decided(Admission::Pass(None));
+            return Gate::Decided(Admission::Pass(None), None);
         }
         let cost = self.costs.cost(request.method(), request.uri().path());
         if let Some(excess) = &self.excess
@@ -93,9 +98,27 @@ impl Gatekeeper {
         }
         let (check, quota) = self.backend.check_quoted(key, cost);
         match check.into_ready() {
-            Ok(answer) => Gate::Decided(self.admission(answer, || quota.or_else(|| self.backend.quota(key)))),
+            Ok(answer) => self.decided(
+                self.admission(answer, || quota.or_else(|| self.backend.quota(key))),
+                key,
+            ),
             Err(pending) => Gate::Wait(pending, key.into()),
         }
+    }
+
+    /// An admission decided now, with the key its response's cost is charged to if the layer
+    /// charges after responses and the request goes on.
+    #[inline]
+    fn decided(&self, admission: Admission, key: &str) -> Gate {
+        let charge = self.charge_key(&admission, key);
+        Gate::Decided(admission, charge)
+    }
+
+    /// The key an admitted request's response is charged to, when the layer charges after
+    /// responses (owned only then).
+    #[inline]
+    pub(super) fn charge_key(&self, admission: &Admission, key: &str) -> Option<Box<str>> {
+        (self.charge.is_some() && matches!(admission, Admission::Pass(_))).then(|| key.into())
     }
 
     /// The decision for a request that may wait: oldest-first, it joins its key's waiters
@@ -114,7 +137,10 @@ impl Gatekeeper {
                 let quota = quota.or_else(|| self.backend.quota(key));
                 self.join(excess, policy, key, cost, Some(decision), quota)
             }
-            Ok(answer) => Gate::Decided(self.admission(answer, || quota.or_else(|| self.backend.quota(key)))),
+            Ok(answer) => self.decided(
+                self.admission(answer, || quota.or_else(|| self.backend.quota(key))),
+                key,
+            ),
             Err(pending) => {
                 let room = Arc::clone(room);
                 let wait = after_check(pending, room, Arc::clone(&self.backend), key.into(), cost, policy);
@@ -136,7 +162,7 @@ impl Gatekeeper {
     ) -> Gate {
         match queue(&excess.room, &self.backend, key, cost, &policy, denial, quota) {
             Ok(wait) => Gate::Queue(WaitFuture::new(wait), key.into()),
-            Err(denial) => Gate::Decided(Admission::Deny(RateFields::new(&denial, quota))),
+            Err(denial) => Gate::Decided(Admission::Deny(RateFields::new(&denial, quota)), None),
         }
     }
 

@@ -20,7 +20,7 @@ pub use gatekeeper::EXCEEDED_BODY;
 use gatekeeper::Gatekeeper;
 pub use service::RateLimit;
 
-use crate::LimitBackend;
+use crate::{ChargeCounts, LimitBackend};
 
 /// A tower [`Layer`] that limits requests per client key with a [`LimitBackend`].
 ///
@@ -118,6 +118,12 @@ impl RateLimitLayer {
     /// IP. A server may skip inserting it otherwise.
     pub fn needs_peer_addr(&self) -> bool {
         self.gatekeeper.keys.needs_ip()
+    }
+
+    /// What the charges after responses came to ([`RateLimitBuilder::charge_from`]); `None`
+    /// if the layer charges none.
+    pub fn charge_counts(&self) -> Option<ChargeCounts> {
+        self.gatekeeper.charge.as_ref().map(|charger| charger.counts())
     }
 }
 

@@ -48,6 +48,12 @@ impl<S> RateLimit<S> {
     pub fn into_inner(self) -> S {
         self.inner
     }
+
+    /// What the charges after responses came to, as
+    /// [`RateLimitLayer::charge_counts`](super::RateLimitLayer::charge_counts) says.
+    pub fn charge_counts(&self) -> Option<crate::ChargeCounts> {
+        self.gatekeeper.charge.as_ref().map(|charger| charger.counts())
+    }
 }
 
 impl<S: std::fmt::Debug> std::fmt::Debug for RateLimit<S> {
@@ -73,9 +79,13 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         match self.gatekeeper.decide(&request) {
-            Gate::Decided(admission) => {
-                ResponseFuture::admitted_or_denied(admission, &self.gatekeeper, &mut self.inner, request)
-            }
+            Gate::Decided(admission, charge) => ResponseFuture::admitted_or_denied(
+                admission,
+                charge,
+                &self.gatekeeper,
+                &mut self.inner,
+                request,
+            ),
             Gate::BadKey(rejection) => ResponseFuture::ready(Gatekeeper::bad_key(rejection)),
             Gate::Wait(check, key) => ResponseFuture::checking(check, self.hold(request, key)),
             Gate::Queue(wait, key) => ResponseFuture::queued(wait, self.hold(request, key)),
