@@ -52,7 +52,7 @@ pub use algorithm::{
 pub use concurrency::{RedisConcurrencyLimiter, RedisPermit};
 pub use error::{Error, QuotaTooLarge, SetupError};
 pub use hybrid::{HybridLimiter, HybridMetrics};
-pub use limiter::{RedisLimit, RedisLimiter, RedisLimiterBuilder};
+pub use limiter::{HashTag, RedisLimit, RedisLimiter, RedisLimiterBuilder};
 pub use metrics::RedisMetrics;
 pub use policy::{FailurePolicy, UnknownPolicy};
 pub use store::{DEFAULT_DEGRADE_AFTER, DEFAULT_TIMEOUT, RedisOptions, RedisStore, RedisTls, StoreMetrics};

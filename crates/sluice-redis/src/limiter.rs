@@ -48,6 +48,26 @@ pub struct RedisLimiterBuilder<A, S> {
     refresh: Duration,
     clock: LocalClock,
     pool: Option<Quota>,
+    hash_tag: HashTag,
+}
+
+/// Which part of a key names its Redis Cluster slot: `Some((tag, rest))` puts the key's state
+/// under `{prefix:tag}rest`, beside the state of the key `tag`, so a group of keys can be
+/// decided in one call ([`RedisLimiter::check_all`]); `None` keeps it under `{prefix:key}`.
+///
+/// # Example
+/// ```
+/// // `child:NAME` hashes with `NAME`.
+/// let tag: sluice_redis::HashTag = |key| {
+///     key.strip_prefix("child:").map(|parent| (parent.to_string(), ":child".to_string()))
+/// };
+/// assert_eq!(tag("child:alice"), Some(("alice".into(), ":child".into())));
+/// assert_eq!(tag("alice"), None);
+/// ```
+pub type HashTag = fn(&str) -> Option<(String, String)>;
+
+fn own_tag(_: &str) -> Option<(String, String)> {
+    None
 }
 
 /// The host clock of the local share (only the fallback reads the host's clock).
@@ -64,6 +84,7 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiterBuilder<A, S> {
             prefix: self.prefix,
             policy: self.policy,
             hosts: self.hosts,
+            hash_tag: self.hash_tag,
             capacity: self.capacity,
             refresh: self.refresh,
             clock: self.clock,
@@ -82,6 +103,13 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiterBuilder<A, S> {
     /// The quota of keys the source does not know (default [`Quota::deny_all`], as in the core).
     pub fn unknown_key_quota(mut self, quota: Quota) -> Self {
         self.unknown = quota;
+        self
+    }
+
+    /// Which part of each key names its Redis Cluster slot (default: the whole key). Keys
+    /// decided together by [`RedisLimiter::check_all`] must share one.
+    pub fn hash_tag(mut self, tag: HashTag) -> Self {
+        self.hash_tag = tag;
         self
     }
 
@@ -196,6 +224,7 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiterBuilder<A, S> {
             inner: Arc::new(Inner {
                 store,
                 kind,
+                hash_tag: self.hash_tag,
                 prefix: self.prefix,
                 policy: self.policy,
                 hosts: self.hosts,
@@ -255,6 +284,7 @@ impl<A: RedisAlgorithm, S> std::fmt::Debug for RedisLimiter<A, S> {
 struct Inner<A: RedisAlgorithm, S> {
     store: RedisStore,
     kind: Kind,
+    hash_tag: HashTag,
     prefix: String,
     policy: FailurePolicy,
     hosts: u64,
@@ -281,6 +311,7 @@ impl<A: RedisAlgorithm> RedisLimiter<A> {
             refresh: DEFAULT_REFRESH,
             clock: Arc::new(MonotonicClock),
             pool: None,
+            hash_tag: own_tag,
         }
     }
 }
@@ -292,6 +323,22 @@ pub(crate) enum Consume {
     IfAdmitted,
     /// Even beyond the limit: the hybrid limiter's sync of what it admitted locally.
     Regardless,
+}
+
+/// Each limit's answer in a group script's flat reply: taken or not, then its reply.
+fn group_answers(reply: &[i64], plans: &[(Quota, Plan)]) -> Option<Vec<(Result<Decision, Error>, bool)>> {
+    let mut answers = Vec::with_capacity(plans.len());
+    let mut rest = reply;
+    for (_, plan) in plans {
+        let [taken, len, tail @ ..] = rest else {
+            return None;
+        };
+        let len = usize::try_from(*len).ok()?;
+        let one = tail.get(..len)?;
+        answers.push((Ok(plan.decision(one)?), *taken == 1));
+        rest = &tail[len..];
+    }
+    rest.is_empty().then_some(answers)
 }
 
 /// The time a script decides at.
@@ -342,7 +389,7 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiter<A, S> {
                 script: plan.kind.name(),
             });
         };
-        let keys = plan.kind.keys(&format!("{{{}:{key}}}", self.inner.prefix));
+        let keys = plan.kind.keys(&self.redis_key(key));
         let to_arg = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         let [a, b, c] = plan.args().map(to_arg);
         let args = [to_arg(cost), 2, -1, a, b, c, to_arg(deepest)];
@@ -389,6 +436,88 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiter<A, S> {
         }
     }
 
+    /// The Redis name of `key`'s state (before the algorithm's suffix): in braces, the part
+    /// that names its Redis Cluster slot.
+    fn redis_key(&self, key: &str) -> String {
+        let prefix = &self.inner.prefix;
+        match (self.inner.hash_tag)(key) {
+            Some((tag, rest)) => format!("{{{prefix}:{tag}}}{rest}"),
+            None => format!("{{{prefix}:{key}}}"),
+        }
+    }
+
+    /// Checks `cost` for each of `keys` all or nothing, in one atomic call: either every key
+    /// takes its cost, or none takes anything. Each answer says whether the cost was taken;
+    /// when it was not, the answer of a key with room is a look (what remains, before the
+    /// cost), and that of a key without room its denial with the exact retry-after. The keys
+    /// must share a Redis Cluster slot ([`RedisLimiterBuilder::hash_tag`]); an unreachable
+    /// Redis is answered by the failure policy for each key.
+    ///
+    /// # Errors
+    /// Each answer as [`RedisLimiter::check_n`]'s.
+    pub async fn check_all(&self, keys: &[&str], cost: u64) -> Vec<(Result<Decision, Error>, bool)> {
+        let prepared: Vec<Prepared> = keys.iter().map(|key| self.prepare(key, cost)).collect();
+        let plans: Vec<(Quota, Plan)> = (prepared.iter())
+            .filter_map(|p| match p {
+                Prepared::Plan(quota, plan) => Some((*quota, *plan)),
+                Prepared::Done(_) => None,
+            })
+            .collect();
+        if plans.len() < keys.len() {
+            // A key answered without Redis (a cost beyond its quota, a quota that denies
+            // everything, the failsafe pool spent): nothing is taken; the others are looked at.
+            let mut answers = Vec::with_capacity(keys.len());
+            for (key, prepared) in keys.iter().zip(prepared) {
+                answers.push(match prepared {
+                    Prepared::Done(answer) => (answer, false),
+                    Prepared::Plan(..) => (self.check_with(key, 0, ScriptTime::Redis).await, false),
+                });
+            }
+            return answers;
+        }
+        let kind = self.inner.kind;
+        let mut redis_keys = Vec::new();
+        let mut args: Vec<i64> = Vec::new();
+        let to_arg = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        let per_keys = kind.keys("").len();
+        args.extend([
+            to_arg(keys.len() as u64),
+            per_keys as i64,
+            6,
+            i64::from(kind.scaled_room()),
+        ]);
+        for (key, (_, plan)) in keys.iter().zip(&plans) {
+            redis_keys.extend(kind.keys(&self.redis_key(key)));
+            let [a, b, c] = plan.args().map(to_arg);
+            args.extend([to_arg(cost), 0, -1, a, b, c]);
+        }
+        let reply = self
+            .inner
+            .store
+            .eval(kind.group_script(), &redis_keys, &args)
+            .await;
+        let answers = reply.map_err(|e| e.to_string()).and_then(|reply| {
+            group_answers(&reply, &plans).ok_or_else(|| format!("unexpected reply {reply:?}"))
+        });
+        match answers {
+            Ok(answers) => {
+                let checks = u64::try_from(keys.len()).unwrap_or(u64::MAX);
+                self.inner
+                    .counters
+                    .redis_checks
+                    .fetch_add(checks, Ordering::Relaxed);
+                answers
+            }
+            Err(error) => {
+                tracing::debug!(%error, "a group check was not answered; the failure policy answers");
+                let error = CallError::BadReply(Vec::new());
+                (keys.iter().zip(&plans))
+                    .map(|(key, (quota, _))| (self.by_policy(key, quota, cost, &error), false))
+                    .collect()
+            }
+        }
+    }
+
     /// The quota `key` is governed by now (fetching it from the source if new).
     pub fn quota_of(&self, key: &str) -> Quota {
         self.inner.book.resolve_quota(key)
@@ -408,7 +537,7 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiter<A, S> {
         consume: Consume,
         now: ScriptTime,
     ) -> Result<Decision, CallError> {
-        let keys = plan.kind.keys(&format!("{{{}:{key}}}", self.inner.prefix));
+        let keys = plan.kind.keys(&self.redis_key(key));
         let to_arg = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         let [a, b, c] = plan.args().map(to_arg);
         let force = match consume {

@@ -43,6 +43,21 @@ static FIXED_WINDOW: LazyLock<Script> = LazyLock::new(|| script(include_str!("..
 static SLIDING_COUNTER: LazyLock<Script> =
     LazyLock::new(|| script(include_str!("../lua/sliding_counter.lua")));
 static SLIDING_LOG: LazyLock<Script> = LazyLock::new(|| script(include_str!("../lua/sliding_log.lua")));
+/// A group of limits of one algorithm decided all or nothing in one call: the algorithm's
+/// script as a function, and `group.lua` running it on each limit.
+fn group(body: &str) -> Script {
+    let runner = include_str!("../lua/group.lua");
+    Script::new(&format!(
+        "{PRELUDE}\nlocal function body(KEYS, ARGV)\n{body}\nend\n{runner}"
+    ))
+}
+
+static GROUP_GCRA: LazyLock<Script> = LazyLock::new(|| group(include_str!("../lua/gcra.lua")));
+static GROUP_FIXED_WINDOW: LazyLock<Script> =
+    LazyLock::new(|| group(include_str!("../lua/fixed_window.lua")));
+static GROUP_SLIDING_COUNTER: LazyLock<Script> =
+    LazyLock::new(|| group(include_str!("../lua/sliding_counter.lua")));
+static GROUP_SLIDING_LOG: LazyLock<Script> = LazyLock::new(|| group(include_str!("../lua/sliding_log.lua")));
 pub(crate) static CONCURRENCY: LazyLock<Script> =
     LazyLock::new(|| script(include_str!("../lua/concurrency.lua")));
 
@@ -67,6 +82,21 @@ impl Kind {
             Kind::SlidingWindowCounter => &SLIDING_COUNTER,
             Kind::SlidingWindowLog => &SLIDING_LOG,
         }
+    }
+
+    /// The script deciding a group of this algorithm's limits all or nothing (`group.lua`).
+    pub(crate) fn group_script(self) -> &'static Script {
+        match self {
+            Kind::TokenBucket => &GROUP_GCRA,
+            Kind::FixedWindow => &GROUP_FIXED_WINDOW,
+            Kind::SlidingWindowCounter => &GROUP_SLIDING_COUNTER,
+            Kind::SlidingWindowLog => &GROUP_SLIDING_LOG,
+        }
+    }
+
+    /// Whether a reply's room is in units of the limit's `p` (the GCRA), not in units of cost.
+    pub(crate) fn scaled_room(self) -> bool {
+        self == Kind::TokenBucket
     }
 
     /// A short name, for messages.

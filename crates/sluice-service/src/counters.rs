@@ -53,6 +53,16 @@ pub(crate) fn push_stacked_counter(keys: &mut String, first: std::ops::Range<usi
     keys.extend_from_within(first.start + BY_RULE.len_utf8()..first.end);
 }
 
+/// The Redis Cluster slot of a stacked quota's counter key (`s<n>` and its first's key without
+/// the `r`): its first's (`r` and the rest), so a rule's quotas are decided in one call on
+/// one slot; `None` for every other key, which keeps a slot of its own.
+pub(crate) fn stacked_hash_tag(key: &str) -> Option<(String, String)> {
+    let rest = key.strip_prefix(BY_STACKED)?;
+    let digit = rest.chars().next().filter(char::is_ascii_digit)?;
+    let first = &rest[digit.len_utf8()..];
+    Some((format!("{BY_RULE}{first}"), format!(":{BY_STACKED}{digit}")))
+}
+
 /// A source of quotas by descriptor value: what [`ValueQuotas`] asks.
 pub trait ValueQuotaSource: Send + Sync + 'static {
     /// The quota of `value` (`Ok(None)`: the source does not know it; its rule's own quota
@@ -346,4 +356,45 @@ pub(crate) fn build(
         }
     }
     kind.visit(Build(quotas, settings))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stacked quota's counter hashes with its first's, whatever the key holds (`|`, `:`,
+    /// braces, multi-byte values); every other key keeps its own slot.
+    #[test]
+    fn stacked_counters_share_their_first_counters_slot() {
+        let rules = RuleSet::from_yaml(
+            "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {quota: [1/s, 5/min, 9/h]}\n",
+        )
+        .unwrap();
+        let rule = rules.rules().next().unwrap();
+        for value in ["alice", "a:b|c{d}", "émile"] {
+            let entries = [Entry { key: "user", value }];
+            let mut keys = String::new();
+            push_counter(&mut keys, rule, &entries, None);
+            let first = 0..keys.len();
+            let first_key = keys.clone();
+            assert_eq!(stacked_hash_tag(&first_key), None);
+            for nth in 1..=2 {
+                let start = keys.len();
+                push_stacked_counter(&mut keys, first.clone(), nth);
+                let (tag, rest) = stacked_hash_tag(&keys[start..]).unwrap();
+                assert_eq!((tag.as_str(), rest), (first_key.as_str(), format!(":s{nth}")));
+            }
+        }
+        let mut overridden = String::new();
+        push_counter(
+            &mut overridden,
+            rule,
+            &[Entry {
+                key: "user",
+                value: "x",
+            }],
+            Some("2/s".parse().unwrap()),
+        );
+        assert_eq!(stacked_hash_tag(&overridden), None);
+    }
 }

@@ -21,7 +21,7 @@ use smallvec::SmallVec;
 
 use super::{Charging, Count, Counted, CounterStore, Denial, Tally, has_stacked, over_descriptors};
 use crate::answer::Status;
-use crate::counters::{CounterSettings, RuleQuotas};
+use crate::counters::{CounterSettings, RuleQuotas, stacked_hash_tag};
 use crate::request::RequestError;
 use crate::settings::Counting;
 
@@ -87,7 +87,14 @@ trait SharedCounters: Send + Sync {
     fn quota_of(&self, key: &str) -> Quota;
     /// Charges `cost` to `key`'s counter whatever is left, down to its quota's debt.
     fn charge<'a>(&'a self, key: &'a str, cost: u64) -> ChargeOnRedis<'a>;
+    /// Takes `cost` from every one of `keys` or from none, in one atomic call: each answer,
+    /// and whether its cost was taken.
+    fn take_group<'a>(&'a self, keys: &'a [&'a str], cost: u64) -> TakeGroup<'a>;
 }
+
+/// A group's take on Redis, in flight.
+type TakeGroup<'a> =
+    Pin<Box<dyn Future<Output = Vec<(Result<Decision, sluice_redis::Error>, bool)>> + Send + 'a>>;
 
 /// A charge on Redis, in flight.
 type ChargeOnRedis<'a> = Pin<Box<dyn Future<Output = Result<Charge, sluice_redis::Error>> + Send + 'a>>;
@@ -99,6 +106,10 @@ impl<A: RedisAlgorithm> SharedCounters for RedisLimiter<A, RuleQuotas> {
 
     fn charge<'a>(&'a self, key: &'a str, cost: u64) -> ChargeOnRedis<'a> {
         Box::pin(self.charge_n(key, cost))
+    }
+
+    fn take_group<'a>(&'a self, keys: &'a [&'a str], cost: u64) -> TakeGroup<'a> {
+        Box::pin(self.check_all(keys, cost))
     }
 
     fn quota_of(&self, key: &str) -> Quota {
@@ -139,6 +150,8 @@ fn build(
             let builder = RedisLimiter::builder(algorithm, settings.failsafe)
                 .source(quotas)
                 .unknown_key_quota(Quota::deny_all())
+                // A rule's quotas on one Redis Cluster slot, decided in one call.
+                .hash_tag(stacked_hash_tag)
                 .policy(redis.policy)
                 .hosts(redis.hosts)
                 .prefix(redis.prefix.clone())
@@ -315,8 +328,9 @@ impl CounterStore for OnRedis {
         let placeholders =
             (tally.counts.iter()).map(|count| Status::never_fits(count.rule, count.quota, count.cost));
         tally.statuses.extend(placeholders);
-        let look_first =
-            counting == Counting::AllOrNothing && tally.counts.iter().filter(|c| c.cost > 0).count() > 1;
+        let look_first = counting == Counting::AllOrNothing
+            && tally.counts.iter().filter(|c| c.cost > 0).count() > 1
+            && !one_descriptor(&tally.counts);
         let grouped = !look_first && has_stacked(&tally.counts);
         let counts_over = tally.counts.iter().any(|count| count.rule.count_over_limit);
         Counted::Later(Box::pin(async move {
@@ -338,6 +352,11 @@ impl OnRedis {
         if look_first {
             return self.look_then_take(tally, &all).await;
         }
+        if one_descriptor(&tally.counts) {
+            // One descriptor's quotas (a rule of several): all or nothing in one call.
+            self.take_group(tally, &all).await;
+            return Denial::of(&tally.counts, &tally.statuses);
+        }
         if grouped {
             // Each descriptor's stacked quotas all or nothing, the descriptors apart.
             let mut start = 0;
@@ -348,7 +367,7 @@ impl OnRedis {
                     .unwrap_or(all.len());
                 let group = &all[start..end];
                 if group.len() > 1 {
-                    self.look_then_take(tally, group).await;
+                    self.take_group(tally, group).await;
                 } else {
                     let decisions = self.take_all(tally, group, |count| count.cost).await;
                     settle(tally, group, decisions);
@@ -360,6 +379,50 @@ impl OnRedis {
         let decisions = self.take_all(tally, &all, |count| count.cost).await;
         settle(tally, &all, decisions);
         Denial::of(&tally.counts, &tally.statuses)
+    }
+}
+
+/// Whether `counts` are several limits of one descriptor (its rule's quotas).
+fn one_descriptor(counts: &[Count<'_>]) -> bool {
+    counts.len() > 1 && counts.iter().all(|count| count.index == counts[0].index)
+}
+
+impl OnRedis {
+    /// Takes the limits at `group` (one descriptor's quotas, of one algorithm) all or nothing
+    /// in one atomic call, writing each one's status: a limit not taken answers what a take
+    /// would have said (from its look), as `look_then_take` does.
+    async fn take_group(&self, tally: &mut Tally<'_>, group: &[Place]) {
+        let Tally {
+            keys,
+            counts,
+            statuses: written,
+        } = tally;
+        let first = &counts[group[0]];
+        let Some(counters) = self.get(first.kind) else {
+            return;
+        };
+        let (cost, rule) = (first.cost, first.rule);
+        let keys: SmallVec<[&str; 4]> = (group.iter())
+            .map(|&at| keys.get(counts[at].key.clone()).unwrap_or_default())
+            .collect();
+        let answers = counters.take_group(&keys, cost).await;
+        let statuses: SmallVec<[Status<'_>; 4]> = (keys.iter().zip(answers))
+            .map(|(key, (answer, taken))| {
+                let quota = counters.quota_of(key);
+                match answer {
+                    Ok(decision) if taken => Status::of(rule, quota, Ok(decision)),
+                    Ok(look) => Status::of(rule, quota, Ok(look)).as_take(cost),
+                    Err(sluice_redis::Error::Check(e)) => Status::of(rule, quota, Err(e)),
+                    Err(e) => {
+                        tracing::error!(key, "cannot decide on Redis: {e}; denying");
+                        Status::of(rule, quota, Ok(Decision::denied(0, 0, 0, UNDECIDED_RETRY_NS)))
+                    }
+                }
+            })
+            .collect();
+        for (&at, status) in group.iter().zip(statuses) {
+            written[at] = status;
+        }
     }
 }
 
