@@ -67,23 +67,66 @@ type Answer = Result<Decision, CheckError>;
 /// assert!(later.into_ready().is_err());
 /// ```
 #[must_use = "a check future does nothing unless polled"]
-pub struct CheckFuture(State);
+pub struct CheckFuture(State, Option<Box<SeveralLimits>>);
 
 enum State {
     Ready(Option<Answer>),
     Pending(Pin<Box<dyn Future<Output = Answer> + Send>>),
+    PendingListed(Pin<Box<dyn Future<Output = (Answer, Option<SeveralLimits>)> + Send>>),
+}
+
+/// The limits an answer stands among when its key is held to several (an account of several
+/// quotas): the answer is the tightest one's, and the layer lists every one in the
+/// `RateLimit-Policy` and `RateLimit` fields, the answer's first. Each is named by its place:
+/// the layer's policy name for the first, then `NAME-2`, `NAME-3`...
+///
+/// # Example
+/// ```
+/// use sluice::Decision;
+/// use sluice_http::{CheckFuture, SeveralLimits};
+/// let listed = SeveralLimits {
+///     place: 1,
+///     quota: Some("100/day".parse()?),
+///     others: vec![(0, Decision::allowed(10, 9, 100_000_000), Some("10/s".parse()?))],
+/// };
+/// let answer = CheckFuture::ready_listed(Ok(Decision::allowed(100, 3, 0)), listed);
+/// let (decision, listed) = answer.into_ready_listed().ok().unwrap();
+/// assert_eq!((decision?.remaining(), listed.unwrap().others.len()), (3, 1));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeveralLimits {
+    /// The answer's place among the key's limits (0: the first).
+    pub place: usize,
+    /// The answer's quota, if known.
+    pub quota: Option<Quota>,
+    /// Every other limit: its place, its decision and its quota.
+    pub others: Vec<(usize, Decision, Option<Quota>)>,
 }
 
 impl CheckFuture {
     /// An answer known now.
     #[inline]
     pub fn ready(answer: Result<Decision, CheckError>) -> Self {
-        Self(State::Ready(Some(answer)))
+        Self(State::Ready(Some(answer)), None)
+    }
+
+    /// An answer known now, among several limits of its key.
+    pub fn ready_listed(answer: Result<Decision, CheckError>, listed: SeveralLimits) -> Self {
+        Self(State::Ready(Some(answer)), Some(Box::new(listed)))
     }
 
     /// An answer that `future` will give.
     pub fn pending(future: impl Future<Output = Result<Decision, CheckError>> + Send + 'static) -> Self {
-        Self(State::Pending(Box::pin(future)))
+        Self(State::Pending(Box::pin(future)), None)
+    }
+
+    /// An answer that `future` will give, with the other limits of its key when it lists them
+    /// (a key held to several).
+    pub fn pending_listed(
+        future: impl Future<Output = (Result<Decision, CheckError>, Option<SeveralLimits>)> + Send + 'static,
+    ) -> Self {
+        Self(State::PendingListed(Box::pin(future)), None)
     }
 
     /// The answer if it is known now, or the future that will give it.
@@ -92,10 +135,24 @@ impl CheckFuture {
     /// `self` again when the answer is still to come.
     #[inline]
     pub fn into_ready(self) -> Result<Result<Decision, CheckError>, Self> {
+        self.into_ready_listed().map(|(answer, _)| answer)
+    }
+
+    /// [`into_ready`](Self::into_ready), with the key's other limits if it has several.
+    ///
+    /// # Errors
+    /// `self` again when the answer is still to come.
+    #[inline]
+    pub fn into_ready_listed(self) -> Result<(Answer, Option<Box<SeveralLimits>>), Self> {
         match self.0 {
-            State::Ready(Some(answer)) => Ok(answer),
-            state => Err(Self(state)),
+            State::Ready(Some(answer)) => Ok((answer, self.1)),
+            state => Err(Self(state, self.1)),
         }
+    }
+
+    /// Once the future has given its answer: the key's other limits, if it has several.
+    pub fn take_listed(&mut self) -> Option<Box<SeveralLimits>> {
+        self.1.take()
     }
 }
 
@@ -103,7 +160,7 @@ impl std::fmt::Debug for CheckFuture {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = match &self.0 {
             State::Ready(_) => "ready",
-            State::Pending(_) => "pending",
+            State::Pending(_) | State::PendingListed(_) => "pending",
         };
         f.debug_tuple("CheckFuture").field(&state).finish()
     }
@@ -113,8 +170,14 @@ impl Future for CheckFuture {
     type Output = Result<Decision, CheckError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match &mut self.0 {
+        let this = &mut *self;
+        match &mut this.0 {
             State::Pending(future) => future.as_mut().poll(cx),
+            State::PendingListed(future) => {
+                let (answer, listed) = std::task::ready!(future.as_mut().poll(cx));
+                this.1 = listed.map(Box::new);
+                Poll::Ready(answer)
+            }
             // Polled again after completion: the contract is broken; never answer twice.
             State::Ready(answer) => answer.take().map_or(Poll::Pending, Poll::Ready),
         }

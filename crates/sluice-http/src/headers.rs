@@ -83,6 +83,67 @@ impl RateFields {
     }
 }
 
+/// The fields of a key held to several limits, beside its answer's: the answer's place among
+/// them, and every other one's place and fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ListedFields {
+    pub(crate) place: usize,
+    pub(crate) others: Vec<(usize, RateFields)>,
+}
+
+impl ListedFields {
+    pub(crate) fn new(listed: &crate::SeveralLimits) -> Self {
+        Self {
+            place: listed.place,
+            others: (listed.others.iter())
+                .map(|(place, decision, quota)| (*place, RateFields::new(decision, *quota)))
+                .collect(),
+        }
+    }
+}
+
+impl RateFields {
+    /// Prints the fields of a key held to several limits: `RateLimit-Policy` and `RateLimit`
+    /// list every one, this one first, each named by its place (`policy`, then `policy-2`...);
+    /// the `X-RateLimit-*` trio and `Retry-After` are this one's. Printed afresh (no cache:
+    /// such keys are few).
+    pub(crate) fn render_listed(&self, policy: &str, listed: &ListedFields) -> Rendered {
+        let (mut policies, mut limits) = (Vec::new(), Vec::new());
+        let all = std::iter::once((listed.place, *self)).chain(listed.others.iter().copied());
+        for (i, (place, fields)) in all.enumerate() {
+            if i > 0 {
+                policies.extend_from_slice(b", ");
+                limits.extend_from_slice(b", ");
+            }
+            for text in [&mut policies, &mut limits] {
+                text.push(b'"');
+                text.extend_from_slice(policy.as_bytes());
+                if place > 0 {
+                    text.push(b'-');
+                    put_u64(text, place as u64 + 1);
+                }
+                text.push(b'"');
+            }
+            policies.extend_from_slice(b";q=");
+            put_u64(&mut policies, fields.quota);
+            if let Some(w) = fields.window {
+                policies.extend_from_slice(b";w=");
+                put_u64(&mut policies, w);
+            }
+            limits.extend_from_slice(b";r=");
+            put_u64(&mut limits, fields.remaining);
+            limits.extend_from_slice(b";t=");
+            put_u64(&mut limits, fields.reset);
+        }
+        Rendered {
+            policy: HeaderValue::from_bytes(&policies).ok(),
+            ratelimit: HeaderValue::from_bytes(&limits).ok(),
+            limit: number(self.quota),
+            fields: *self,
+        }
+    }
+}
+
 /// The policy's `w`: the seconds `quota` takes to refill from empty, at least 1. None when
 /// the quota is unknown or admits nothing.
 fn window(quota: Option<Quota>) -> Option<u64> {

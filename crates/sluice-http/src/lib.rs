@@ -71,7 +71,7 @@ mod problem;
 mod proxy;
 mod wait;
 
-pub use backend::{CheckFuture, LimitBackend};
+pub use backend::{CheckFuture, LimitBackend, SeveralLimits};
 pub use charge::{ChargeCounts, ChargeFrom, ChargeTally};
 pub use cost::{CostRule, PathError, RouteCosts, normalize_path};
 pub use fields::FieldSet;

@@ -7,7 +7,7 @@ use futures_util::FutureExt;
 
 use sluice::{CheckError, Decision, Quota};
 use sluice_descriptors::{Entry, Limit};
-use sluice_http::{CheckFuture, LimitBackend};
+use sluice_http::{CheckFuture, LimitBackend, SeveralLimits};
 
 use crate::answer::{Outcome, Status, tighter};
 use crate::counters::push_counter;
@@ -59,25 +59,35 @@ impl LayerBackend {
     }
 }
 
-/// The layer's answer for one key: the decision (or a cost its quota can never admit), and
-/// the quota it was made under, if a rule limits the key.
-type Answer = (Result<Decision, CheckError>, Option<Quota>);
+/// The layer's answer for one key: the decision (or a cost its quota can never admit), the
+/// quota it was made under if a rule limits the key, and the key's other limits if it has
+/// several.
+type Answer = (Result<Decision, CheckError>, Option<Quota>, Option<SeveralLimits>);
 
 /// The layer's answer from the engine's outcome of its one descriptor: of its limits (a rule's
-/// stacked quotas), the tightest.
+/// stacked quotas), the tightest, with every other one at its place in the rule.
 fn answer(outcome: &Outcome<'_, '_>) -> Answer {
-    let chosen = (outcome.counts.iter().zip(outcome.statuses)).reduce(tighter);
-    match chosen {
-        Some((_, status)) => status.to_layer(outcome.denied),
-        None => (Ok(Status::UNLIMITED.decision), None),
-    }
+    let limits = outcome.counts.iter().zip(outcome.statuses);
+    let Some((chosen, status)) = limits.clone().reduce(tighter) else {
+        return (Ok(Status::UNLIMITED.decision), None, None);
+    };
+    let (answer, quota) = status.to_layer(outcome.denied);
+    let listed = (outcome.counts.len() > 1).then(|| SeveralLimits {
+        place: chosen.nth,
+        quota,
+        others: (limits.filter(|(count, _)| count.nth != chosen.nth))
+            .map(|(count, status)| {
+                let (answer, quota) = status.to_layer(outcome.denied);
+                (count.nth, answer.unwrap_or(status.decision), quota)
+            })
+            .collect(),
+    });
+    (answer, quota, listed)
 }
 
-/// The answer to a key the engine refused to decide (longer than its bounds): denied, for
-/// good, as a key that can never be counted must not pass uncounted.
 fn undecidable(error: &RequestError) -> Answer {
     tracing::debug!("HTTP layer key not decided: {error}");
-    (Ok(Decision::denied(0, 0, 0, u64::MAX)), None)
+    (Ok(Decision::denied(0, 0, 0, u64::MAX)), None, None)
 }
 
 impl LimitBackend for LayerBackend {
@@ -123,8 +133,12 @@ impl LimitBackend for LayerBackend {
             };
             // In memory the answer is known now (a future, never polled, is dropped).
             if let Decided::Ready(answer) = engine.decide(Some(FrontEnd::Http), request, false, answer) {
-                let (answer, quota) = answer.unwrap_or_else(|e| undecidable(&e));
-                return (CheckFuture::ready(answer), quota);
+                let (answer, quota, listed) = answer.unwrap_or_else(|e| undecidable(&e));
+                let future = match listed {
+                    Some(listed) => CheckFuture::ready_listed(answer, listed),
+                    None => CheckFuture::ready(answer),
+                };
+                return (future, quota);
             }
         }
         // On Redis: the future owns what the request borrows, and the layer asks the quota
@@ -146,9 +160,10 @@ impl LimitBackend for LayerBackend {
                 descriptors: &descriptors,
             };
             let decided = engine.decide(Some(FrontEnd::Http), request, false, answer);
-            decided.answer().await.unwrap_or_else(|e| undecidable(&e)).0
+            let (answer, _, listed) = decided.answer().await.unwrap_or_else(|e| undecidable(&e));
+            (answer, listed)
         };
-        (CheckFuture::pending(later), None)
+        (CheckFuture::pending_listed(later), None)
     }
 
     /// Reports `cost` for `key` ([`Engine::report`]): taken at once in memory; on Redis sent

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::routing::get;
-use common::{engine_on, exchange, listener};
+use common::{engine_on, exchange, exchange_with_head, listener};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -279,6 +279,54 @@ async fn the_fields_name_each_quota(redis: Option<&RedisServer>) {
             fields::item("stacked-2", &[("q", 2), ("w", 86_400)]),
             fields::item("stacked", &[("q", 3), ("w", 3600)])
         ]
+    );
+
+    // The HTTP layer lists them too, named by the layer's policy at each quota's place.
+    let engine = engine_on(redis, "fields", rules(FIRST), EngineSettings::default()).await;
+    let layer = RateLimitLayer::builder(LayerBackend::new(engine, "s", "user"))
+        .key([KeyPart::Header("x-user".parse().unwrap())])
+        .policy_name("per_user")
+        .build()
+        .unwrap();
+    let router = Router::new().route("/", get(|| async { "ok" })).layer(layer);
+    let (socket, addr) = listener().await;
+    tokio::spawn(async move { axum::serve(socket, router).await });
+    let ask = || {
+        let request = "GET / HTTP/1.1\r\nhost: t\r\nx-user: bob\r\nconnection: close\r\n\r\n";
+        exchange_with_head(addr, request.to_owned())
+    };
+    let header = |head: &str, name: &str| {
+        let line = head
+            .lines()
+            .find(|line| line.to_ascii_lowercase().starts_with(&format!("{name}:")));
+        line.unwrap_or_else(|| panic!("no {name} in {head}"))[name.len() + 1..]
+            .trim()
+            .to_owned()
+    };
+    let (status, head, _) = ask().await;
+    assert_eq!(status, 200, "{head}");
+    assert_eq!(
+        fields::items(&header(&head, "ratelimit-policy")),
+        [
+            fields::item("per_user-2", &[("q", 2), ("w", 86_400)]),
+            fields::item("per_user", &[("q", 3), ("w", 3600)])
+        ]
+    );
+    let limits = fields::items(&header(&head, "ratelimit"));
+    let names: Vec<&str> = limits.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(names, ["per_user-2", "per_user"]);
+    assert_eq!(limits[0].1[0], ("r".to_owned(), 1));
+    assert_eq!(limits[1].1[0], ("r".to_owned(), 2));
+    assert_eq!(header(&head, "x-ratelimit-remaining"), "1", "the tightest's");
+    // Denied by the day's: the 429 lists both, the hour's untouched.
+    ask().await;
+    let (status, head, _) = ask().await;
+    assert_eq!(status, 429, "{head}");
+    let limits = fields::items(&header(&head, "ratelimit"));
+    assert_eq!(limits[0].0, "per_user-2");
+    assert_eq!(
+        limits[1],
+        fields::item("per_user", &[("r", 1), ("t", limits[1].1[1].1)])
     );
 }
 

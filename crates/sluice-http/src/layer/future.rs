@@ -160,9 +160,9 @@ where
         waited: Option<Waited>,
     ) -> Self {
         match admission {
-            Admission::Pass(fields) => Kind::Inner {
+            Admission::Pass(fields, listed) => Kind::Inner {
                 future: inner.call(request),
-                fields: fields.map(|f| gatekeeper.render(f)),
+                fields: fields.map(|f| gatekeeper.render(f, listed.as_deref())),
                 waited,
                 charge: charge.map(|key| {
                     Box::new(Charging {
@@ -171,8 +171,8 @@ where
                     })
                 }),
             },
-            Admission::Deny(fields) => {
-                let mut response = gatekeeper.denied(fields);
+            Admission::Deny(fields, listed) => {
+                let mut response = gatekeeper.denied(fields, listed);
                 if let Some(waited) = waited {
                     waited.write(response.headers_mut());
                 }
@@ -187,6 +187,7 @@ where
     fn settled(
         waiting: Option<Box<Waiting<S, ReqBody>>>,
         answer: Result<sluice::Decision, sluice::CheckError>,
+        listed: Option<Box<crate::SeveralLimits>>,
         waited: Option<Waited>,
     ) -> Self {
         let Some(waiting) = waiting else {
@@ -200,7 +201,7 @@ where
             key,
             gatekeeper,
         } = *waiting;
-        let admission = gatekeeper.admission(answer, || gatekeeper.backend.quota(&key));
+        let admission = gatekeeper.admission(answer, || gatekeeper.backend.quota(&key), listed);
         let charge = gatekeeper.charge_key(&admission, &key);
         Kind::admitted_or_denied(admission, charge, &gatekeeper, &mut inner, request, waited)
     }
@@ -218,12 +219,12 @@ where
         loop {
             let next = match kind.as_mut().project() {
                 KindProj::Checking { check, waiting } => {
-                    let answer = std::task::ready!(Pin::new(check).poll(cx));
-                    Kind::settled(waiting.take(), answer, None)
+                    let answer = std::task::ready!(Pin::new(&mut *check).poll(cx));
+                    Kind::settled(waiting.take(), answer, check.take_listed(), None)
                 }
                 KindProj::Queued { wait, waiting } => {
                     let (answer, waited) = std::task::ready!(Pin::new(wait).poll(cx));
-                    Kind::settled(waiting.take(), answer, Waited::of(waited))
+                    Kind::settled(waiting.take(), answer, None, Waited::of(waited))
                 }
                 KindProj::Inner {
                     future,

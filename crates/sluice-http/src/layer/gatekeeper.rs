@@ -9,10 +9,10 @@ use sluice::{CheckError, Decision, QueueOrder, Quota, WaitPolicy};
 
 use super::PeerAddrReader;
 use crate::charge::Charger;
-use crate::headers::{RateFields, Rendered, denial_headers};
+use crate::headers::{ListedFields, RateFields, Rendered, denial_headers};
 use crate::key::{KeyBuf, KeyRejection, KeySource};
 use crate::wait::{ExcessPolicies, WaitFuture, after_check, queue};
-use crate::{CheckFuture, ClientIpHeader, LimitBackend, RouteCosts, TrustedProxies};
+use crate::{CheckFuture, ClientIpHeader, LimitBackend, RouteCosts, SeveralLimits, TrustedProxies};
 
 /// The body of a 429 response.
 ///
@@ -55,12 +55,16 @@ pub(super) enum Gate {
     Queue(WaitFuture, Box<str>),
 }
 
-/// What becomes of a request once the backend has answered.
+/// What becomes of a request once the backend has answered: with the fields of the key's
+/// other limits when it is held to several.
 pub(super) enum Admission {
     /// On to the inner service, with the fields to add to its response unless turned off.
-    Pass(Option<RateFields>),
-    Deny(RateFields),
+    Pass(Option<RateFields>, Listed),
+    Deny(RateFields, Listed),
 }
+
+/// The fields of a key's other limits, when it is held to several.
+pub(super) type Listed = Option<Box<ListedFields>>;
 
 impl Gatekeeper {
     pub(super) fn decide<B>(&self, request: &Request<B>) -> Gate {
@@ -88,7 +92,7 @@ impl Gatekeeper {
 
     fn decide_for<B>(&self, request: &Request<B>, key: &str) -> Gate {
         if !self.bypass.is_empty() && self.bypass.contains(key) {
-            return Gate::Decided(Admission::Pass(None), None);
+            return Gate::Decided(Admission::Pass(None, None), None);
         }
         let cost = self.costs.cost(request.method(), request.uri().path());
         if let Some(excess) = &self.excess
@@ -97,9 +101,9 @@ impl Gatekeeper {
             return self.decide_waiting(excess, *policy, key, cost);
         }
         let (check, quota) = self.backend.check_quoted(key, cost);
-        match check.into_ready() {
-            Ok(answer) => self.decided(
-                self.admission(answer, || quota.or_else(|| self.backend.quota(key))),
+        match check.into_ready_listed() {
+            Ok((answer, listed)) => self.decided(
+                self.admission(answer, || quota.or_else(|| self.backend.quota(key)), listed),
                 key,
             ),
             Err(pending) => Gate::Wait(pending, key.into()),
@@ -118,7 +122,7 @@ impl Gatekeeper {
     /// responses (owned only then).
     #[inline]
     pub(super) fn charge_key(&self, admission: &Admission, key: &str) -> Option<Box<str>> {
-        (self.charge.is_some() && matches!(admission, Admission::Pass(_))).then(|| key.into())
+        (self.charge.is_some() && matches!(admission, Admission::Pass(..))).then(|| key.into())
     }
 
     /// The decision for a request that may wait: oldest-first, it joins its key's waiters
@@ -138,7 +142,7 @@ impl Gatekeeper {
                 self.join(excess, policy, key, cost, Some(decision), quota)
             }
             Ok(answer) => self.decided(
-                self.admission(answer, || quota.or_else(|| self.backend.quota(key))),
+                self.admission(answer, || quota.or_else(|| self.backend.quota(key)), None),
                 key,
             ),
             Err(pending) => {
@@ -162,38 +166,51 @@ impl Gatekeeper {
     ) -> Gate {
         match queue(&excess.room, &self.backend, key, cost, &policy, denial, quota) {
             Ok(wait) => Gate::Queue(WaitFuture::new(wait), key.into()),
-            Err(denial) => Gate::Decided(Admission::Deny(RateFields::new(&denial, quota)), None),
+            Err(denial) => Gate::Decided(Admission::Deny(RateFields::new(&denial, quota), None), None),
         }
     }
 
-    /// The admission of a backend's answer; `quota` is only asked for when fields are written.
+    /// The admission of a backend's answer; `quota` is only asked for when fields are written
+    /// (a key of several limits names its answer's own).
     pub(super) fn admission(
         &self,
         answer: Result<Decision, CheckError>,
         quota: impl FnOnce() -> Option<Quota>,
+        listed: Option<Box<SeveralLimits>>,
     ) -> Admission {
+        let own = listed.as_ref().map(|listed| listed.quota);
+        let quota = move || own.unwrap_or_else(quota);
+        let listed = listed.map(|listed| Box::new(ListedFields::new(&listed)));
         match answer {
-            Ok(decision) if decision.is_allowed() => {
-                Admission::Pass(self.headers_on_allow.then(|| RateFields::new(&decision, quota())))
-            }
-            Ok(decision) => Admission::Deny(RateFields::new(&decision, quota())),
+            Ok(decision) if decision.is_allowed() => Admission::Pass(
+                self.headers_on_allow.then(|| RateFields::new(&decision, quota())),
+                listed,
+            ),
+            Ok(decision) => Admission::Deny(RateFields::new(&decision, quota()), listed),
             Err(CheckError::CostExceedsCapacity { capacity, .. }) => {
-                Admission::Deny(RateFields::never(quota(), capacity))
+                Admission::Deny(RateFields::never(quota(), capacity), listed)
             }
         }
     }
 
     /// The fields as they are written into a response.
-    pub(super) fn render(&self, fields: RateFields) -> Rendered {
-        fields.render(self.policy_id, &self.policy_name)
+    pub(super) fn render(&self, fields: RateFields, listed: Option<&ListedFields>) -> Rendered {
+        match listed {
+            None => fields.render(self.policy_id, &self.policy_name),
+            Some(listed) => fields.render_listed(&self.policy_name, listed),
+        }
     }
 
-    pub(super) fn denied<B: From<&'static str>>(&self, fields: RateFields) -> Response<B> {
-        let headers = denial_headers(self.policy_id, fields, || {
+    pub(super) fn denied<B: From<&'static str>>(&self, fields: RateFields, listed: Listed) -> Response<B> {
+        let build = || {
             let mut headers = plain_headers();
-            self.render(fields).write(&mut headers);
+            self.render(fields, listed.as_deref()).write(&mut headers);
             headers
-        });
+        };
+        let headers = match &listed {
+            None => denial_headers(self.policy_id, fields, build),
+            Some(_) => build(),
+        };
         plain(StatusCode::TOO_MANY_REQUESTS, EXCEEDED_BODY, headers)
     }
 

@@ -20,17 +20,22 @@ pub async fn listener() -> (tokio::net::TcpListener, SocketAddr) {
 
 /// Sends `request` on a new connection; the status code and the body.
 pub async fn exchange(addr: SocketAddr, request: String) -> (u16, String) {
+    let (status, _, body) = exchange_with_head(addr, request).await;
+    (status, body)
+}
+
+/// Sends `request` on a new connection; the status code, the head (status line and
+/// headers) and the body.
+#[allow(dead_code, reason = "not every test reads the head")]
+pub async fn exchange_with_head(addr: SocketAddr, request: String) -> (u16, String, String) {
     tokio::task::spawn_blocking(move || {
         let mut stream = TcpStream::connect(addr).unwrap();
         stream.write_all(request.as_bytes()).unwrap();
         let mut answer = String::new();
         stream.read_to_string(&mut answer).unwrap();
         let status = answer[9..12].parse().unwrap();
-        let body = answer
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default();
-        (status, body)
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+        (status, head.to_owned(), body.to_owned())
     })
     .await
     .unwrap()
