@@ -239,20 +239,25 @@ impl OnRedis {
             let (taking, kept): (Looked<'_>, Looked<'_>) =
                 (looked.iter().copied()).partition(|(at, _)| !over(*at));
             let taking: SmallVec<[Place; 2]> = taking.iter().map(|(at, _)| *at).collect();
-            let decisions = self.take_all(tally, &taking, |count| count.cost).await;
-            settle(tally, &taking, decisions);
+            self.take_places(tally, &taking).await;
             for &(at, status) in &kept {
                 tally.statuses[at] = status;
             }
             return denies_at(tally, all);
         }
-        // Take only where a limit would deny: a denied take consumes nothing and says when to
-        // retry. The rest keep what their look said.
-        let (deciding, rest): (Looked<'_>, Looked<'_>) =
-            looked.iter().copied().partition(|(_, status)| status.denies());
+        // Take only where a limit would deny (with the other quotas of its descriptor, in one
+        // call): a denied take consumes nothing and says when to retry. The rest keep what
+        // their look said.
+        let denying: SmallVec<[bool; 8]> = over_descriptors(
+            &tally.counts,
+            (looked.iter())
+                .map(|(at, status)| (*at, status))
+                .filter(|(_, status)| status.denies()),
+        );
+        let (deciding, rest): (Looked<'_>, Looked<'_>) = (looked.iter().copied())
+            .partition(|(at, _)| denying.get(tally.counts[*at].index).copied().unwrap_or(false));
         let deciding: SmallVec<[Place; 2]> = deciding.iter().map(|(at, _)| *at).collect();
-        let decisions = self.take_all(tally, &deciding, |count| count.cost).await;
-        settle(tally, &deciding, decisions);
+        self.take_places(tally, &deciding).await;
         for &(at, status) in &rest {
             tally.statuses[at] = status;
         }
@@ -262,9 +267,28 @@ impl OnRedis {
         // Another process freed what was short between the look and the take: those took,
         // so the rest take too.
         let rest: SmallVec<[Place; 2]> = rest.iter().map(|(at, _)| *at).collect();
-        let decisions = self.take_all(tally, &rest, |count| count.cost).await;
-        settle(tally, &rest, decisions);
+        self.take_places(tally, &rest).await;
         denies_at(tally, all)
+    }
+
+    /// Takes the limits at `places` (in the tally's order), each descriptor's quotas all or
+    /// nothing in one call, writing each one's status.
+    async fn take_places(&self, tally: &mut Tally<'_>, places: &[Place]) {
+        let mut alone: SmallVec<[Place; 2]> = SmallVec::new();
+        let mut start = 0;
+        while start < places.len() {
+            let index = tally.counts[places[start]].index;
+            let end = (start..places.len())
+                .find(|&i| tally.counts[places[i]].index != index)
+                .unwrap_or(places.len());
+            match &places[start..end] {
+                [one] => alone.push(*one),
+                group => self.take_group(tally, group).await,
+            }
+            start = end;
+        }
+        let decisions = self.take_all(tally, &alone, |count| count.cost).await;
+        settle(tally, &alone, decisions);
     }
 }
 
@@ -359,21 +383,7 @@ impl OnRedis {
         }
         if grouped {
             // Each descriptor's stacked quotas all or nothing, the descriptors apart.
-            let mut start = 0;
-            while start < all.len() {
-                let index = tally.counts[start].index;
-                let end = (start..all.len())
-                    .find(|&at| tally.counts[at].index != index)
-                    .unwrap_or(all.len());
-                let group = &all[start..end];
-                if group.len() > 1 {
-                    self.take_group(tally, group).await;
-                } else {
-                    let decisions = self.take_all(tally, group, |count| count.cost).await;
-                    settle(tally, group, decisions);
-                }
-                start = end;
-            }
+            self.take_places(tally, &all).await;
             return Denial::of(&tally.counts, &tally.statuses);
         }
         let decisions = self.take_all(tally, &all, |count| count.cost).await;
