@@ -236,6 +236,16 @@ impl RawConfig {
         {
             rules_fit_redis(&loaded.0, limiter.algorithm).map_err(|e| error("rules", e))?;
         }
+        if charge_from.is_some() && limiter.redis.is_some() && limiter.algorithm != AlgorithmKind::TokenBucket
+        {
+            return Err(error(
+                "charge_from",
+                format!(
+                    "on Redis only the token_bucket algorithm takes charges after the fact, not {}",
+                    limiter.algorithm
+                ),
+            ));
+        }
         Ok(Settings {
             listen,
             idle_timeout,
@@ -447,7 +457,6 @@ fn held(algorithm: AlgorithmKind, on_redis: bool, field: &str, quota: Quota) -> 
     Ok(quota)
 }
 
-/// A key (an account's name, a bypassed key) no longer than `key.max_length`.
 /// The `charge_from:` section: a header name, and a maximum of at least 1.
 fn charge_from(raw: &RawChargeFrom) -> Result<sluice_http::ChargeFrom, ConfigError> {
     let header = (raw.header.parse::<http::HeaderName>()).map_err(|e| {
@@ -465,6 +474,7 @@ fn charge_from(raw: &RawChargeFrom) -> Result<sluice_http::ChargeFrom, ConfigErr
     Ok(sluice_http::ChargeFrom::new(header, raw.max).strip(raw.strip))
 }
 
+/// A key (an account's name, a bypassed key) no longer than `key.max_length`.
 fn fits_key(field: String, key: &str, max_key_len: usize) -> Result<(), ConfigError> {
     if key.len() > max_key_len {
         return Err(error(

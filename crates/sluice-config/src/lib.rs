@@ -272,6 +272,8 @@ pub struct Settings {
     /// let e = sluice_config::parse("charge_from: {header: 'x usage', max: 5}\n").unwrap_err();
     /// assert_eq!(e.field, "charge_from.header");
     /// assert_eq!(sluice_config::parse("charge_from: {header: x-usage, max: 0}\n").unwrap_err().field, "charge_from.max");
+    /// let on_redis = "charge_from: {header: x-usage, max: 5}\nalgorithm: fixed_window\nredis: {url: redis://127.0.0.1:1}\n";
+    /// assert_eq!(sluice_config::parse(on_redis).unwrap_err().field, "charge_from");
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub charge_from: Option<sluice_http::ChargeFrom>,

@@ -72,8 +72,11 @@ pub struct CheckFuture(State, Option<Box<SeveralLimits>>);
 enum State {
     Ready(Option<Answer>),
     Pending(Pin<Box<dyn Future<Output = Answer> + Send>>),
-    PendingListed(Pin<Box<dyn Future<Output = (Answer, Option<SeveralLimits>)> + Send>>),
+    PendingListed(Pin<Box<dyn Future<Output = ListedAnswer> + Send>>),
 }
+
+/// An answer, with the other limits of its key when it is held to several.
+type ListedAnswer = (Answer, Option<Box<SeveralLimits>>);
 
 /// The limits an answer stands among when its key is held to several (an account of several
 /// quotas): the answer is the tightest one's, and the layer lists every one in the
@@ -89,7 +92,7 @@ enum State {
 ///     quota: Some("100/day".parse()?),
 ///     others: vec![(0, Decision::allowed(10, 9, 100_000_000), Some("10/s".parse()?))],
 /// };
-/// let answer = CheckFuture::ready_listed(Ok(Decision::allowed(100, 3, 0)), listed);
+/// let answer = CheckFuture::ready_listed(Ok(Decision::allowed(100, 3, 0)), Box::new(listed));
 /// let (decision, listed) = answer.into_ready_listed().ok().unwrap();
 /// assert_eq!((decision?.remaining(), listed.unwrap().others.len()), (3, 1));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -111,9 +114,10 @@ impl CheckFuture {
         Self(State::Ready(Some(answer)), None)
     }
 
-    /// An answer known now, among several limits of its key.
-    pub fn ready_listed(answer: Result<Decision, CheckError>, listed: SeveralLimits) -> Self {
-        Self(State::Ready(Some(answer)), Some(Box::new(listed)))
+    /// An answer known now, among several limits of its key (boxed: a backend's answer stays
+    /// small on the way for the keys held to one).
+    pub fn ready_listed(answer: Result<Decision, CheckError>, listed: Box<SeveralLimits>) -> Self {
+        Self(State::Ready(Some(answer)), Some(listed))
     }
 
     /// An answer that `future` will give.
@@ -124,7 +128,7 @@ impl CheckFuture {
     /// An answer that `future` will give, with the other limits of its key when it lists them
     /// (a key held to several).
     pub fn pending_listed(
-        future: impl Future<Output = (Result<Decision, CheckError>, Option<SeveralLimits>)> + Send + 'static,
+        future: impl Future<Output = (Result<Decision, CheckError>, Option<Box<SeveralLimits>>)> + Send + 'static,
     ) -> Self {
         Self(State::PendingListed(Box::pin(future)), None)
     }
@@ -143,7 +147,7 @@ impl CheckFuture {
     /// # Errors
     /// `self` again when the answer is still to come.
     #[inline]
-    pub fn into_ready_listed(self) -> Result<(Answer, Option<Box<SeveralLimits>>), Self> {
+    pub fn into_ready_listed(self) -> Result<ListedAnswer, Self> {
         match self.0 {
             State::Ready(Some(answer)) => Ok((answer, self.1)),
             state => Err(Self(state, self.1)),
@@ -175,7 +179,7 @@ impl Future for CheckFuture {
             State::Pending(future) => future.as_mut().poll(cx),
             State::PendingListed(future) => {
                 let (answer, listed) = std::task::ready!(future.as_mut().poll(cx));
-                this.1 = listed.map(Box::new);
+                this.1 = listed;
                 Poll::Ready(answer)
             }
             // Polled again after completion: the contract is broken; never answer twice.

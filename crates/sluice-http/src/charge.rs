@@ -65,7 +65,8 @@ impl ChargeFrom {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ChargeCounts {
-    /// Responses whose cost was charged.
+    /// Responses whose cost was charged (by a store that answers later, such as Redis: sent to
+    /// it; its failures are logged by the backend).
     pub charged: u64,
     /// Units charged in all (as asked of the backend: each key's floor may take less).
     pub units: u64,
@@ -138,6 +139,13 @@ impl Charger {
             t.units.fetch_add(cost, Ordering::Relaxed);
         } else {
             t.uncharged.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Removes the cost header from a response charged to nobody (a bypassed key), if asked.
+    pub(crate) fn strip(&self, headers: &mut HeaderMap) {
+        if self.from.strip {
+            headers.remove(&self.from.header);
         }
     }
 

@@ -98,6 +98,7 @@ fn charges_the_cost_a_response_reports() {
     let layer = RateLimitLayer::builder(limiter)
         .key([KeyPart::Header("x-account-id".parse().unwrap())])
         .charge_from(ChargeFrom::new("x-usage".parse().unwrap(), 1_000).strip(true))
+        .bypass(["root"])
         .build()
         .unwrap();
     let counts = layer.clone();
@@ -121,6 +122,12 @@ fn charges_the_cost_a_response_reports() {
         get_as(addr, "/generate/3", "bob").0,
         200,
         "another key pays nothing"
+    );
+    let (status, head, _) = get_as(addr, "/generate/500", "root");
+    assert_eq!(status, 200);
+    assert!(
+        !head.contains("x-usage"),
+        "a bypassed key's header is stripped too: {head}"
     );
 
     for junk in ["-4", "2.5", "lots"] {

@@ -46,7 +46,8 @@ end
 if fits then
   for i = 1, n do
     replies[i] = run(i, cost_of(i))
-    taken[i] = 1
+    -- Admitted, as its look said (a key given twice would not be: keys must be distinct).
+    if replies[i][1] == 1 then taken[i] = 1 end
   end
 end
 

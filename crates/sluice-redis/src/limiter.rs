@@ -450,12 +450,16 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiter<A, S> {
     /// takes its cost, or none takes anything. Each answer says whether the cost was taken;
     /// when it was not, the answer of a key with room is a look (what remains, before the
     /// cost), and that of a key without room its denial with the exact retry-after. The keys
-    /// must share a Redis Cluster slot ([`RedisLimiterBuilder::hash_tag`]); an unreachable
-    /// Redis is answered by the failure policy for each key.
+    /// must be distinct and share a Redis Cluster slot ([`RedisLimiterBuilder::hash_tag`]). An
+    /// unreachable Redis is answered by the failure policy for each key, as a take (so with
+    /// the local share, keys whose share admits take from it while another's may deny).
     ///
     /// # Errors
     /// Each answer as [`RedisLimiter::check_n`]'s.
     pub async fn check_all(&self, keys: &[&str], cost: u64) -> Vec<(Result<Decision, Error>, bool)> {
+        if keys.is_empty() {
+            return Vec::new();
+        }
         let prepared: Vec<Prepared> = keys.iter().map(|key| self.prepare(key, cost)).collect();
         let plans: Vec<(Quota, Plan)> = (prepared.iter())
             .filter_map(|p| match p {
@@ -509,10 +513,12 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiter<A, S> {
                 answers
             }
             Err(error) => {
+                // Each key as the policy answers a take of it (fail open or closed decides
+                // for all alike; the local share takes from each key's own share).
                 tracing::debug!(%error, "a group check was not answered; the failure policy answers");
                 let error = CallError::BadReply(Vec::new());
                 (keys.iter().zip(&plans))
-                    .map(|(key, (quota, _))| (self.by_policy(key, quota, cost, &error), false))
+                    .map(|(key, (quota, _))| (self.by_policy(key, quota, cost, &error), true))
                     .collect()
             }
         }

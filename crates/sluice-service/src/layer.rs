@@ -2,6 +2,7 @@
 //! (`[(entry_key, key)]`), decided by the same [`Engine::decide`] as RLS and the check API.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use futures_util::FutureExt;
 
@@ -41,6 +42,22 @@ pub struct LayerBackend {
     engine: Arc<Engine>,
     domain: String,
     entry_key: String,
+    /// Charges sent to a store that answers later (Redis) and not yet answered.
+    charging: Arc<AtomicUsize>,
+}
+
+/// The most charges after responses in flight to Redis at once, for one backend: beyond it a
+/// response's cost is not charged (and counted so by the layer) rather than queue tasks while
+/// Redis is slow.
+const MAX_CHARGES_IN_FLIGHT: usize = 1024;
+
+/// One charge in flight, counted while its task lives.
+struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl LayerBackend {
@@ -50,6 +67,7 @@ impl LayerBackend {
             engine,
             domain: domain.into(),
             entry_key: entry_key.into(),
+            charging: Arc::default(),
         }
     }
 
@@ -62,7 +80,11 @@ impl LayerBackend {
 /// The layer's answer for one key: the decision (or a cost its quota can never admit), the
 /// quota it was made under if a rule limits the key, and the key's other limits if it has
 /// several.
-type Answer = (Result<Decision, CheckError>, Option<Quota>, Option<SeveralLimits>);
+type Answer = (
+    Result<Decision, CheckError>,
+    Option<Quota>,
+    Option<Box<SeveralLimits>>,
+);
 
 /// The layer's answer from the engine's outcome of its one descriptor: of its limits (a rule's
 /// stacked quotas), the tightest, with every other one at its place in the rule.
@@ -72,15 +94,18 @@ fn answer(outcome: &Outcome<'_, '_>) -> Answer {
         return (Ok(Status::UNLIMITED.decision), None, None);
     };
     let (answer, quota) = status.to_layer(outcome.denied);
-    let listed = (outcome.counts.len() > 1).then(|| SeveralLimits {
-        place: chosen.nth,
-        quota,
-        others: (limits.filter(|(count, _)| count.nth != chosen.nth))
-            .map(|(count, status)| {
-                let (answer, quota) = status.to_layer(outcome.denied);
-                (count.nth, answer.unwrap_or(status.decision), quota)
-            })
-            .collect(),
+    // Boxed: the answer travels back through the engine, and most keys have one limit.
+    let listed = (outcome.counts.len() > 1).then(|| {
+        Box::new(SeveralLimits {
+            place: chosen.nth,
+            quota,
+            others: (limits.filter(|(count, _)| count.nth != chosen.nth))
+                .map(|(count, status)| {
+                    let (answer, quota) = status.to_layer(outcome.denied);
+                    (count.nth, answer.unwrap_or(status.decision), quota)
+                })
+                .collect(),
+        })
     });
     (answer, quota, listed)
 }
@@ -167,8 +192,8 @@ impl LimitBackend for LayerBackend {
     }
 
     /// Reports `cost` for `key` ([`Engine::report`]): taken at once in memory; on Redis sent
-    /// on a task of the running Tokio runtime (the response does not wait for it), or not
-    /// taken outside one.
+    /// on a task of the running Tokio runtime (the response does not wait for it; a failure is
+    /// logged), at most [`MAX_CHARGES_IN_FLIGHT`] at once, or not taken outside a runtime.
     fn charge(&self, key: &str, cost: u64) -> bool {
         let request = CheckRequest {
             domain: self.domain.clone(),
@@ -190,12 +215,18 @@ impl LimitBackend for LayerBackend {
         if let Some(taken) = (&mut report).now_or_never() {
             return taken;
         }
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(report);
-                true
-            }
-            Err(_) => false,
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return false;
+        };
+        if self.charging.fetch_add(1, Ordering::Relaxed) >= MAX_CHARGES_IN_FLIGHT {
+            self.charging.fetch_sub(1, Ordering::Relaxed);
+            return false;
         }
+        let in_flight = InFlight(Arc::clone(&self.charging));
+        runtime.spawn(async move {
+            let _in_flight = in_flight;
+            report.await;
+        });
+        true
     }
 }

@@ -191,7 +191,9 @@ impl Charge {
         self.charged
     }
 
-    /// Units below empty after the charge, rounded up (0 if not below empty).
+    /// Units below empty after the charge, rounded up (0 if not below empty). For a shaper
+    /// ([`crate::LeakyBucket::shaper`]) the delay it is serving counts: its tokens are below
+    /// empty too, though checks within the maximum delay are still admitted.
     pub const fn debt(&self) -> u64 {
         self.debt
     }

@@ -9,21 +9,25 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::gatekeeper::{Admission, Gatekeeper, server_error};
+use super::gatekeeper::{Admission, ChargeTo, Gatekeeper, server_error};
 use crate::CheckFuture;
 use crate::headers::{Rendered, Waited};
 use crate::wait::WaitFuture;
 
 /// Where an admitted request's response cost is charged (the layer charges after responses).
 pub(super) struct Charging {
-    key: Box<str>,
+    to: ChargeTo,
     gatekeeper: Arc<Gatekeeper>,
 }
 
 impl Charging {
     fn settle(&self, headers: &mut http::HeaderMap) {
-        if let Some(charger) = &self.gatekeeper.charge {
-            charger.settle(&*self.gatekeeper.backend, &self.key, headers);
+        let Some(charger) = &self.gatekeeper.charge else {
+            return;
+        };
+        match &self.to {
+            ChargeTo::Key(key) => charger.settle(&*self.gatekeeper.backend, key, headers),
+            ChargeTo::Nobody => charger.strip(headers),
         }
     }
 }
@@ -76,7 +80,7 @@ where
     /// The request passed on to `inner`, or denied.
     pub(super) fn admitted_or_denied(
         admission: Admission,
-        charge: Option<Box<str>>,
+        charge: Option<ChargeTo>,
         gatekeeper: &Arc<Gatekeeper>,
         inner: &mut S,
         request: Request<ReqBody>,
@@ -153,7 +157,7 @@ where
     /// its response's cost is charged to, if the layer charges after responses.
     fn admitted_or_denied(
         admission: Admission,
-        charge: Option<Box<str>>,
+        charge: Option<ChargeTo>,
         gatekeeper: &Arc<Gatekeeper>,
         inner: &mut S,
         request: Request<ReqBody>,
@@ -164,9 +168,9 @@ where
                 future: inner.call(request),
                 fields: fields.map(|f| gatekeeper.render(f, listed.as_deref())),
                 waited,
-                charge: charge.map(|key| {
+                charge: charge.map(|to| {
                     Box::new(Charging {
-                        key,
+                        to,
                         gatekeeper: Arc::clone(gatekeeper),
                     })
                 }),

@@ -46,13 +46,21 @@ pub(super) struct Gatekeeper {
 pub(super) enum Gate {
     /// With the key to charge the response's cost to, for an admission when the layer
     /// charges after responses.
-    Decided(Admission, Option<Box<str>>),
+    Decided(Admission, Option<ChargeTo>),
     BadKey(KeyRejection),
     /// The backend answers later; the key is kept to read its quota then.
     Wait(CheckFuture, Box<str>),
     /// Over its quota, the request waits in its key's queue (or for a remote backend's first
     /// answer, then there).
     Queue(WaitFuture, Box<str>),
+}
+
+/// Whom an admitted request's response cost is charged to, when the layer charges after
+/// responses.
+pub(super) enum ChargeTo {
+    Key(Box<str>),
+    /// A bypassed key: charged nothing, its response's cost header still stripped if asked.
+    Nobody,
 }
 
 /// What becomes of a request once the backend has answered: with the fields of the key's
@@ -92,7 +100,10 @@ impl Gatekeeper {
 
     fn decide_for<B>(&self, request: &Request<B>, key: &str) -> Gate {
         if !self.bypass.is_empty() && self.bypass.contains(key) {
-            return Gate::Decided(Admission::Pass(None, None), None);
+            return Gate::Decided(
+                Admission::Pass(None, None),
+                self.charge.as_ref().map(|_| ChargeTo::Nobody),
+            );
         }
         let cost = self.costs.cost(request.method(), request.uri().path());
         if let Some(excess) = &self.excess
@@ -121,8 +132,8 @@ impl Gatekeeper {
     /// The key an admitted request's response is charged to, when the layer charges after
     /// responses (owned only then).
     #[inline]
-    pub(super) fn charge_key(&self, admission: &Admission, key: &str) -> Option<Box<str>> {
-        (self.charge.is_some() && matches!(admission, Admission::Pass(..))).then(|| key.into())
+    pub(super) fn charge_key(&self, admission: &Admission, key: &str) -> Option<ChargeTo> {
+        (self.charge.is_some() && matches!(admission, Admission::Pass(..))).then(|| ChargeTo::Key(key.into()))
     }
 
     /// The decision for a request that may wait: oldest-first, it joins its key's waiters
@@ -136,13 +147,14 @@ impl Gatekeeper {
             return self.join(excess, policy, key, cost, None, quota);
         }
         let (check, quota) = self.backend.check_quoted(key, cost);
-        match check.into_ready() {
-            Ok(Ok(decision)) if !decision.is_allowed() => {
-                let quota = quota.or_else(|| self.backend.quota(key));
+        match check.into_ready_listed() {
+            Ok((Ok(decision), listed)) if !decision.is_allowed() => {
+                let quota = (listed.map(|listed| listed.quota))
+                    .unwrap_or_else(|| quota.or_else(|| self.backend.quota(key)));
                 self.join(excess, policy, key, cost, Some(decision), quota)
             }
-            Ok(answer) => self.decided(
-                self.admission(answer, || quota.or_else(|| self.backend.quota(key)), None),
+            Ok((answer, listed)) => self.decided(
+                self.admission(answer, || quota.or_else(|| self.backend.quota(key)), listed),
                 key,
             ),
             Err(pending) => {
@@ -178,9 +190,27 @@ impl Gatekeeper {
         quota: impl FnOnce() -> Option<Quota>,
         listed: Option<Box<SeveralLimits>>,
     ) -> Admission {
-        let own = listed.as_ref().map(|listed| listed.quota);
-        let quota = move || own.unwrap_or_else(quota);
-        let listed = listed.map(|listed| Box::new(ListedFields::new(&listed)));
+        match listed {
+            None => self.admit(answer, quota, None),
+            Some(listed) => self.admit_listed(answer, &listed),
+        }
+    }
+
+    /// The admission of an answer among several limits of its key (its own quota named).
+    #[cold]
+    #[inline(never)]
+    fn admit_listed(&self, answer: Result<Decision, CheckError>, listed: &SeveralLimits) -> Admission {
+        let fields = Some(Box::new(ListedFields::new(listed)));
+        self.admit(answer, || listed.quota, fields)
+    }
+
+    #[inline]
+    fn admit(
+        &self,
+        answer: Result<Decision, CheckError>,
+        quota: impl FnOnce() -> Option<Quota>,
+        listed: Listed,
+    ) -> Admission {
         match answer {
             Ok(decision) if decision.is_allowed() => Admission::Pass(
                 self.headers_on_allow.then(|| RateFields::new(&decision, quota())),

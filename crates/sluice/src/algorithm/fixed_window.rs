@@ -61,11 +61,11 @@ impl WindowParams {
     }
 
     /// What a state counting `used` units may carry into a successor under `new`: with the
-    /// same windows (an epoch move, or a new debt), everything down to the new floor; else at
-    /// most the smaller limit (debt is forgiven).
+    /// same windows (an epoch move, or a new debt floor, which bounds later charges),
+    /// everything; else at most the smaller limit (debt is forgiven).
     pub(crate) fn carried(&self, used: u64, new: &Self) -> u64 {
         if self.same_windows(new) {
-            used.min(new.most_used())
+            used.min(self.most_used().max(new.most_used()))
         } else {
             used.min(self.limit).min(new.limit)
         }

@@ -150,10 +150,15 @@ pub(crate) fn carry_over(old: &GcraParams, tat: u64, new: &GcraParams, now: u64)
     // `now` may lie far past the horizon (a clock jump before an epoch move or a change): a
     // product past u64 is past any TAT, so nothing is ahead.
     let ahead = now.checked_mul(old.c).map_or(0, |t| tat.saturating_sub(t));
-    // Debt is carried (down to the new floor) at the same rate and capacity: an epoch move,
-    // or a new debt; another rate or capacity forgives it.
+    // Debt is carried whole at the same rate and capacity (an epoch move, or a new debt
+    // floor, which bounds later charges: as the Redis script, which stores no floor); another
+    // rate or capacity forgives it.
     let same_bucket = (old.c, old.p, old.most_ahead) == (new.c, new.p, new.most_ahead);
-    let cap = if same_bucket { new.deepest } else { new.most_ahead }; // below 2^61
+    let cap = if same_bucket {
+        new.deepest.max(old.deepest)
+    } else {
+        new.most_ahead
+    }; // below 2^61
     let ahead = if (old.c, old.p) == (new.c, new.p) {
         ahead.min(cap)
     } else {

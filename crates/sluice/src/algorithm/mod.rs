@@ -124,10 +124,10 @@ pub trait Algorithm: Send + Sync + 'static {
     /// - Sliding window log: units that left the window under the shorter of the two lengths
     ///   are gone; over the new limit, the oldest units are forgotten first.
     ///
-    /// Debt (consumption below empty, from [`Algorithm::charge`]) is carried, down to the new
-    /// floor, when the rate and capacity stay (an epoch move, a change of debt alone), and
-    /// forgiven by a change of either (the consumption is capped at the new capacity, as
-    /// above).
+    /// Debt (consumption below empty, from [`Algorithm::charge`]) is carried whole when the
+    /// rate and capacity stay (an epoch move; a change of the debt floor alone bounds later
+    /// charges, not what is owed), and forgiven by a change of either (the consumption is
+    /// capped at the new capacity, as above).
     ///
     /// An epoch move calls this with the same parameters: it must carry the state exactly.
     fn carry_over(

@@ -182,10 +182,9 @@ impl Algorithm for SlidingWindowCounter {
         now: u64,
     ) -> (u64, CounterState) {
         c.retired = false;
-        // The same window and limit (an epoch move, the same quota again, another debt):
-        // nothing changes but the floor.
+        // The same window and limit (an epoch move, the same quota again, another debt
+        // floor, which bounds later charges): nothing changes.
         if old.same_windows(new) {
-            c.current = c.current.min(new.most_used());
             return (0, CounterState(Mutex::new(c)));
         }
         c.roll(now, old.window);
