@@ -233,6 +233,23 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
     #[cold]
     #[inline(never)]
     fn take_n_replaced(&self, now: impl Fn() -> u64, cost: u64) -> Result<(Decision, Receipt), CheckError> {
+        self.on_current(now, |limit, since_epoch| {
+            let result = decide(
+                &self.algorithm,
+                &limit.quota,
+                &limit.params,
+                &limit.state,
+                since_epoch,
+                cost,
+            )?;
+            Some(result.map(|decision| (decision, Receipt::new(since_epoch, limit.id))))
+        })
+    }
+
+    /// Runs `op` on the limit in force at the time `now` reads (announced while it is read),
+    /// moving the epoch first if that time is past its span, and again on the successor while
+    /// `op` finds the state retired (`None`).
+    fn on_current<T>(&self, now: impl Fn() -> u64, op: impl Fn(&Limit<A>, u64) -> Option<T>) -> T {
         let mut pinned = reclaim::pin();
         loop {
             let limit = self.load(&mut pinned);
@@ -244,18 +261,10 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
             // A reading older than the epoch (a thread that read the clock just before a
             // replacement) is taken as the epoch itself.
             let since_epoch = now.saturating_sub(limit.epoch);
-            let result = decide(
-                &self.algorithm,
-                &limit.quota,
-                &limit.params,
-                &limit.state,
-                since_epoch,
-                cost,
-            );
-            let id = limit.id;
+            let done = op(limit, since_epoch);
             limit.used();
-            if let Some(result) = result {
-                return result.map(|decision| (decision, Receipt::new(since_epoch, id)));
+            if let Some(done) = done {
+                return done;
             }
             // The state was retired: its successor is being published.
             crate::sync::spin_loop();
@@ -285,25 +294,10 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
 
     /// [`RateLimiter::charge_n`] at the times `now` reads (the failsafe pool's owner's clock).
     pub(crate) fn charge_n_with(&self, now: impl Fn() -> u64, cost: u64) -> Charge {
-        let mut pinned = reclaim::pin();
-        loop {
-            let limit = self.load(&mut pinned);
-            let now = now();
-            if now > limit.last_valid {
-                self.replace(limit, None, now);
-                continue;
-            }
-            let since_epoch = now.saturating_sub(limit.epoch);
-            let charge = self
-                .algorithm
-                .charge(&limit.params, &limit.state, since_epoch, cost);
-            limit.used();
-            if let Some(charge) = charge {
-                return charge;
-            }
-            // The state was retired: its successor is being published.
-            crate::sync::spin_loop();
-        }
+        self.on_current(now, |limit, since_epoch| {
+            self.algorithm
+                .charge(&limit.params, &limit.state, since_epoch, cost)
+        })
     }
 
     /// The quota in force.
