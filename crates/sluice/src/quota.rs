@@ -38,6 +38,8 @@ pub const MAX_SCALED_BURST: u64 = 1 << 60;
 /// assert!("0/s burst 3".parse::<Quota>().is_err());
 /// let q: Quota = "10/s debt 100".parse()?;
 /// assert_eq!((q.max_debt(), q.to_string().as_str()), (100, "10/s debt 100"));
+/// assert_eq!("10/s debt 5 burst 20".parse::<Quota>()?, "10/s burst 20 debt 5".parse()?);
+/// assert!("10/s burst 2 debt 5 burst 3".parse::<Quota>().is_err());
 /// # Ok::<(), sluice::QuotaError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -489,14 +491,18 @@ impl FromStr for Quota {
             reason: reason.to_string(),
         };
         let text = input.trim();
+        // `burst N` and `debt N` follow the rate, in either order.
         let (text, debt) = match text.split_once("debt") {
             Some((text, debt)) => (text.trim(), Some(debt.trim())),
             None => (text, None),
         };
-        let (rate, burst) = match text.split_once("burst") {
-            Some((rate, burst)) => (rate.trim(), Some(burst.trim())),
-            None => (text, None),
+        let (rate, burst) = match (text.split_once("burst"), debt.and_then(|d| d.split_once("burst"))) {
+            (Some(_), Some(_)) => return Err(malformed("burst is given twice")),
+            (Some((rate, burst)), None) => (rate.trim(), Some(burst.trim())),
+            (None, Some((_, burst))) => (text, Some(burst.trim())),
+            (None, None) => (text, None),
         };
+        let debt = debt.map(|d| d.split_once("burst").map_or(d, |(d, _)| d.trim()));
         let (number, period) = rate
             .split_once('/')
             .ok_or_else(|| malformed("missing '/' between count and period"))?;
