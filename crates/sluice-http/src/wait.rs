@@ -504,8 +504,9 @@ impl Drop for Ticket {
     }
 }
 
-/// The answer a waiter ends with, and how long it waited.
-pub(crate) type Settled = (Answer, Duration);
+/// The answer a waiter ends with, how long it waited, and its key's other limits when the key
+/// is held to several (from the check that answered).
+pub(crate) type Settled = (Answer, Duration, Option<Box<crate::SeveralLimits>>);
 
 /// Waits for `ticket`'s turn, then asks `backend` for `cost` until granted; refused (with the
 /// limit's last denial, its retry-after as estimated) when its deadline cannot be met or it is
@@ -557,15 +558,16 @@ async fn wait_turn(
             // Evicted or out of time: when the limit could serve it, as far as it is known.
             let retry = retry.or(denial.map(|d| d.retry_after())).unwrap_or_default();
             ticket.room.count(LATE);
-            return (Ok(refused(denial, limit, retry)), start.elapsed());
+            return (Ok(refused(denial, limit, retry)), start.elapsed(), None);
         }
-        let answer = backend.check(&ticket.key, cost).await;
+        let mut check = backend.check(&ticket.key, cost);
+        let answer = (&mut check).await;
         match answer {
             Ok(decision) if decision.is_allowed() => {
                 ticket.room.leave(&ticket);
                 ticket.left = true;
                 ticket.room.count(SERVED);
-                return (Ok(decision), start.elapsed());
+                return (Ok(decision), start.elapsed(), check.take_listed());
             }
             Ok(decision) => {
                 let now = Instant::now();
@@ -573,13 +575,13 @@ async fn wait_turn(
                 denial = Some(decision);
                 if deadline.is_some_and(|d| due > d) {
                     ticket.room.count(LATE);
-                    return (Ok(decision), now - start);
+                    return (Ok(decision), now - start, check.take_listed());
                 }
                 ticket.room.reschedule(&ticket, due);
             }
             Err(error) => {
                 ticket.room.count(LATE);
-                return (Err(error), start.elapsed());
+                return (Err(error), start.elapsed(), None);
             }
         }
     }
@@ -624,17 +626,21 @@ pub(crate) fn after_check(
 ) -> WaitFuture {
     WaitFuture::new(async move {
         let start = Instant::now();
-        let decision = match first.await {
+        let mut first = first;
+        let decision = match (&mut first).await {
             Ok(decision) if !decision.is_allowed() => decision,
-            answer => return (answer, Duration::ZERO),
+            answer => return (answer, Duration::ZERO, first.take_listed()),
         };
-        let quota = backend.quota(&key);
+        let listed = first.take_listed();
+        let quota = listed
+            .as_ref()
+            .map_or_else(|| backend.quota(&key), |listed| listed.quota);
         match queue(&room, &backend, &key, cost, &policy, Some(decision), quota) {
             Ok(wait) => {
-                let (answer, _) = wait.await;
-                (answer, start.elapsed())
+                let (answer, _, listed) = wait.await;
+                (answer, start.elapsed(), listed)
             }
-            Err(denial) => (Ok(denial), Duration::ZERO),
+            Err(denial) => (Ok(denial), Duration::ZERO, listed),
         }
     })
 }

@@ -328,6 +328,42 @@ async fn the_fields_name_each_quota(redis: Option<&RedisServer>) {
         limits[1],
         fields::item("per_user", &[("r", 1), ("t", limits[1].1[1].1)])
     );
+
+    // A request that waits for capacity lists every quota too, once served.
+    let engine = engine_on(
+        redis,
+        "fields",
+        rules(r#"["2/s", "1000/day"]"#),
+        EngineSettings::default(),
+    )
+    .await;
+    let layer = RateLimitLayer::builder(LayerBackend::new(engine, "s", "user"))
+        .key([KeyPart::Header("x-user".parse().unwrap())])
+        .policy_name("per_user")
+        .on_excess(sluice::WaitPolicy::wait_up_to(std::time::Duration::from_secs(3)))
+        .build()
+        .unwrap();
+    let router = Router::new().route("/", get(|| async { "ok" })).layer(layer);
+    let (socket, addr) = listener().await;
+    tokio::spawn(async move { axum::serve(socket, router).await });
+    let ask = || {
+        let request = "GET / HTTP/1.1\r\nhost: t\r\nx-user: carol\r\nconnection: close\r\n\r\n";
+        exchange_with_head(addr, request.to_owned())
+    };
+    for _ in 0..2 {
+        assert_eq!(ask().await.0, 200);
+    }
+    let (status, head, _) = ask().await;
+    assert_eq!(status, 200, "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("server-timing: ratelimit-wait"),
+        "it waited: {head}"
+    );
+    let names: Vec<String> = (fields::items(&header(&head, "ratelimit-policy")).into_iter())
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(names, ["per_user", "per_user-2"], "{head}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -227,8 +227,8 @@ where
                     Kind::settled(waiting.take(), answer, check.take_listed(), None)
                 }
                 KindProj::Queued { wait, waiting } => {
-                    let (answer, waited) = std::task::ready!(Pin::new(wait).poll(cx));
-                    Kind::settled(waiting.take(), answer, None, Waited::of(waited))
+                    let (answer, waited, listed) = std::task::ready!(Pin::new(wait).poll(cx));
+                    Kind::settled(waiting.take(), answer, listed, Waited::of(waited))
                 }
                 KindProj::Inner {
                     future,

@@ -144,14 +144,16 @@ impl Gatekeeper {
         let room = &excess.room;
         if policy.queue_order() == QueueOrder::OldestFirst && room.has_queue(key) {
             let quota = self.backend.quota(key);
-            return self.join(excess, policy, key, cost, None, quota);
+            return self.join(excess, policy, key, cost, (None, quota), None);
         }
         let (check, quota) = self.backend.check_quoted(key, cost);
         match check.into_ready_listed() {
             Ok((Ok(decision), listed)) if !decision.is_allowed() => {
-                let quota = (listed.map(|listed| listed.quota))
-                    .unwrap_or_else(|| quota.or_else(|| self.backend.quota(key)));
-                self.join(excess, policy, key, cost, Some(decision), quota)
+                let quota = match &listed {
+                    Some(listed) => listed.quota,
+                    None => quota.or_else(|| self.backend.quota(key)),
+                };
+                self.join(excess, policy, key, cost, (Some(decision), quota), listed)
             }
             Ok((answer, listed)) => self.decided(
                 self.admission(answer, || quota.or_else(|| self.backend.quota(key)), listed),
@@ -173,12 +175,15 @@ impl Gatekeeper {
         policy: WaitPolicy,
         key: &str,
         cost: u64,
-        denial: Option<Decision>,
-        quota: Option<Quota>,
+        (denial, quota): (Option<Decision>, Option<Quota>),
+        listed: Option<Box<SeveralLimits>>,
     ) -> Gate {
         match queue(&excess.room, &self.backend, key, cost, &policy, denial, quota) {
             Ok(wait) => Gate::Queue(WaitFuture::new(wait), key.into()),
-            Err(denial) => Gate::Decided(Admission::Deny(RateFields::new(&denial, quota), None), None),
+            Err(denial) => {
+                let listed = listed.map(|listed| Box::new(ListedFields::new(&listed)));
+                Gate::Decided(Admission::Deny(RateFields::new(&denial, quota), listed), None)
+            }
         }
     }
 
