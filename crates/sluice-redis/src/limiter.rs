@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sluice::{
-    Charge, CheckError, Clock, DEFAULT_CAPACITY, DEFAULT_REFRESH, Decision, KeyedLimiter, MonotonicClock,
-    Quota, QuotaSource, StaticQuotas, Unmetered, saturating_nanos,
+    CheckError, Clock, DEFAULT_CAPACITY, DEFAULT_REFRESH, Decision, KeyedLimiter, MonotonicClock, Quota,
+    QuotaSource, StaticQuotas, Unmetered, saturating_nanos,
 };
 
 use crate::algorithm::kind_of;
@@ -15,6 +15,8 @@ use crate::metrics::{LimiterCounts, RedisMetrics};
 use crate::script::{Kind, Plan};
 use crate::source::{Share, SharedSource, share};
 use crate::store::CallError;
+
+mod after;
 use crate::{Error, FailurePolicy, QuotaTooLarge, RedisAlgorithm, RedisOptions, RedisStore, SetupError};
 
 /// Builds a [`RedisLimiter`]: algorithm, quotas, failure policy, hosts.
@@ -325,22 +327,6 @@ pub(crate) enum Consume {
     Regardless,
 }
 
-/// Each limit's answer in a group script's flat reply: taken or not, then its reply.
-fn group_answers(reply: &[i64], plans: &[(Quota, Plan)]) -> Option<Vec<(Result<Decision, Error>, bool)>> {
-    let mut answers = Vec::with_capacity(plans.len());
-    let mut rest = reply;
-    for (_, plan) in plans {
-        let [taken, len, tail @ ..] = rest else {
-            return None;
-        };
-        let len = usize::try_from(*len).ok()?;
-        let one = tail.get(..len)?;
-        answers.push((Ok(plan.decision(one)?), *taken == 1));
-        rest = &tail[len..];
-    }
-    rest.is_empty().then_some(answers)
-}
-
 /// The time a script decides at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ScriptTime {
@@ -367,39 +353,6 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiter<A, S> {
     /// error: the failure policy answers.
     pub async fn check_n(&self, key: &str, cost: u64) -> Result<Decision, Error> {
         self.check_with(key, cost, ScriptTime::Redis).await
-    }
-
-    /// Consumes `cost` for `key` whatever is left, down to its quota's debt, as
-    /// [`sluice::KeyedLimiter::charge_n`] does, on the state shared through Redis: for costs
-    /// known only once a request was served.
-    ///
-    /// # Errors
-    /// [`Error::ChargeUnsupported`] under a window algorithm (only the token bucket's script
-    /// takes debt); [`Error::QuotaTooLarge`] if the
-    /// key's quota cannot be held exactly; [`Error::NotCharged`] if Redis did not answer (a
-    /// charge is not answered by the failure policy: it has nothing to decide).
-    pub async fn charge_n(&self, key: &str, cost: u64) -> Result<Charge, Error> {
-        let quota = self.inner.book.resolve_quota(key);
-        if quota.is_deny_all() {
-            return Ok(Charge::new(0, 0, Decision::denied(0, 0, 0, u64::MAX)));
-        }
-        let plan = Plan::new(self.inner.kind, &quota)?;
-        let Some(deepest) = plan.charge_limit(&quota) else {
-            return Err(Error::ChargeUnsupported {
-                script: plan.kind.name(),
-            });
-        };
-        let keys = plan.kind.keys(&self.redis_key(key));
-        let to_arg = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-        let [a, b, c] = plan.args().map(to_arg);
-        let args = [to_arg(cost), 2, -1, a, b, c, to_arg(deepest)];
-        let reply = (self.inner.store.eval(plan.kind.script(), &keys, &args).await)
-            .map_err(|e| Error::NotCharged(e.to_string()))?;
-        self.inner.counters.redis_checks.fetch_add(1, Ordering::Relaxed);
-        plan.charge(&reply).ok_or_else(|| {
-            tracing::error!(key, ?reply, "unexpected script reply to a charge");
-            Error::NotCharged(format!("unexpected reply {reply:?}"))
-        })
     }
 
     /// As [`RedisLimiter::check_n`], at a given Redis time in microseconds instead of Redis'
@@ -443,84 +396,6 @@ impl<A: RedisAlgorithm, S: QuotaSource<String>> RedisLimiter<A, S> {
         match (self.inner.hash_tag)(key) {
             Some((tag, rest)) => format!("{{{prefix}:{tag}}}{rest}"),
             None => format!("{{{prefix}:{key}}}"),
-        }
-    }
-
-    /// Checks `cost` for each of `keys` all or nothing, in one atomic call: either every key
-    /// takes its cost, or none takes anything. Each answer says whether the cost was taken;
-    /// when it was not, the answer of a key with room is a look (what remains, before the
-    /// cost), and that of a key without room its denial with the exact retry-after. The keys
-    /// must be distinct and share a Redis Cluster slot ([`RedisLimiterBuilder::hash_tag`]). An
-    /// unreachable Redis is answered by the failure policy for each key, as a take (so with
-    /// the local share, keys whose share admits take from it while another's may deny).
-    ///
-    /// # Errors
-    /// Each answer as [`RedisLimiter::check_n`]'s.
-    pub async fn check_all(&self, keys: &[&str], cost: u64) -> Vec<(Result<Decision, Error>, bool)> {
-        if keys.is_empty() {
-            return Vec::new();
-        }
-        let prepared: Vec<Prepared> = keys.iter().map(|key| self.prepare(key, cost)).collect();
-        let plans: Vec<(Quota, Plan)> = (prepared.iter())
-            .filter_map(|p| match p {
-                Prepared::Plan(quota, plan) => Some((*quota, *plan)),
-                Prepared::Done(_) => None,
-            })
-            .collect();
-        if plans.len() < keys.len() {
-            // A key answered without Redis (a cost beyond its quota, a quota that denies
-            // everything, the failsafe pool spent): nothing is taken; the others are looked at.
-            let mut answers = Vec::with_capacity(keys.len());
-            for (key, prepared) in keys.iter().zip(prepared) {
-                answers.push(match prepared {
-                    Prepared::Done(answer) => (answer, false),
-                    Prepared::Plan(..) => (self.check_with(key, 0, ScriptTime::Redis).await, false),
-                });
-            }
-            return answers;
-        }
-        let kind = self.inner.kind;
-        let mut redis_keys = Vec::new();
-        let mut args: Vec<i64> = Vec::new();
-        let to_arg = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-        let per_keys = kind.keys("").len();
-        args.extend([
-            to_arg(keys.len() as u64),
-            per_keys as i64,
-            6,
-            i64::from(kind.scaled_room()),
-        ]);
-        for (key, (_, plan)) in keys.iter().zip(&plans) {
-            redis_keys.extend(kind.keys(&self.redis_key(key)));
-            let [a, b, c] = plan.args().map(to_arg);
-            args.extend([to_arg(cost), 0, -1, a, b, c]);
-        }
-        let reply = self
-            .inner
-            .store
-            .eval(kind.group_script(), &redis_keys, &args)
-            .await;
-        let answers = reply.map_err(|e| e.to_string()).and_then(|reply| {
-            group_answers(&reply, &plans).ok_or_else(|| format!("unexpected reply {reply:?}"))
-        });
-        match answers {
-            Ok(answers) => {
-                let checks = u64::try_from(keys.len()).unwrap_or(u64::MAX);
-                self.inner
-                    .counters
-                    .redis_checks
-                    .fetch_add(checks, Ordering::Relaxed);
-                answers
-            }
-            Err(error) => {
-                // Each key as the policy answers a take of it (fail open or closed decides
-                // for all alike; the local share takes from each key's own share).
-                tracing::debug!(%error, "a group check was not answered; the failure policy answers");
-                let error = CallError::BadReply(Vec::new());
-                (keys.iter().zip(&plans))
-                    .map(|(key, (quota, _))| (self.by_policy(key, quota, cost, &error), true))
-                    .collect()
-            }
         }
     }
 

@@ -24,6 +24,7 @@ mod engine;
 mod generation;
 mod layer;
 pub mod proto;
+mod report;
 mod request;
 #[cfg(feature = "grpc")]
 mod rls;
@@ -35,8 +36,9 @@ mod store;
 pub use answer::{AppliedLimit, Code, DescriptorStatus, Verdict};
 pub use api::{CheckApi, MAX_BODY_BYTES};
 pub use counters::{CounterSettings, ValueQuotaSource, ValueQuotas};
-pub use engine::{Engine, EngineError, Reloaded, Report, Reported, RuleReport, TopKey};
+pub use engine::{Engine, EngineError, Reloaded, RuleReport, TopKey};
 pub use layer::LayerBackend;
+pub use report::{Report, Reported};
 pub use request::{CheckRequest, DescriptorRequest, RequestBounds, RequestError};
 #[cfg(feature = "grpc")]
 pub use rls::{RateLimitService, RequestSpan, SHOULD_RATE_LIMIT};

@@ -283,18 +283,8 @@ async fn the_fields_name_each_quota(redis: Option<&RedisServer>) {
 
     // The HTTP layer lists them too, named by the layer's policy at each quota's place.
     let engine = engine_on(redis, "fields", rules(FIRST), EngineSettings::default()).await;
-    let layer = RateLimitLayer::builder(LayerBackend::new(engine, "s", "user"))
-        .key([KeyPart::Header("x-user".parse().unwrap())])
-        .policy_name("per_user")
-        .build()
-        .unwrap();
-    let router = Router::new().route("/", get(|| async { "ok" })).layer(layer);
-    let (socket, addr) = listener().await;
-    tokio::spawn(async move { axum::serve(socket, router).await });
-    let ask = || {
-        let request = "GET / HTTP/1.1\r\nhost: t\r\nx-user: bob\r\nconnection: close\r\n\r\n";
-        exchange_with_head(addr, request.to_owned())
-    };
+    let addr = serve_layer(engine, sluice::WaitPolicy::reject()).await;
+    let ask = || ask_as(addr, "bob");
     let header = |head: &str, name: &str| {
         let line = head
             .lines()
@@ -337,19 +327,9 @@ async fn the_fields_name_each_quota(redis: Option<&RedisServer>) {
         EngineSettings::default(),
     )
     .await;
-    let layer = RateLimitLayer::builder(LayerBackend::new(engine, "s", "user"))
-        .key([KeyPart::Header("x-user".parse().unwrap())])
-        .policy_name("per_user")
-        .on_excess(sluice::WaitPolicy::wait_up_to(std::time::Duration::from_secs(3)))
-        .build()
-        .unwrap();
-    let router = Router::new().route("/", get(|| async { "ok" })).layer(layer);
-    let (socket, addr) = listener().await;
-    tokio::spawn(async move { axum::serve(socket, router).await });
-    let ask = || {
-        let request = "GET / HTTP/1.1\r\nhost: t\r\nx-user: carol\r\nconnection: close\r\n\r\n";
-        exchange_with_head(addr, request.to_owned())
-    };
+    let waits = sluice::WaitPolicy::wait_up_to(std::time::Duration::from_secs(3));
+    let addr = serve_layer(engine, waits).await;
+    let ask = || ask_as(addr, "carol");
     for _ in 0..2 {
         assert_eq!(ask().await.0, 200);
     }
@@ -364,6 +344,27 @@ async fn the_fields_name_each_quota(redis: Option<&RedisServer>) {
         .map(|(name, _)| name)
         .collect();
     assert_eq!(names, ["per_user", "per_user-2"], "{head}");
+}
+
+/// The HTTP layer on `engine` (policy `per_user`, users from `x-user`, over `on_excess`),
+/// served on a socket of its own.
+async fn serve_layer(engine: Arc<Engine>, on_excess: sluice::WaitPolicy) -> SocketAddr {
+    let layer = RateLimitLayer::builder(LayerBackend::new(engine, "s", "user"))
+        .key([KeyPart::Header("x-user".parse().unwrap())])
+        .policy_name("per_user")
+        .on_excess(on_excess)
+        .build()
+        .unwrap();
+    let router = Router::new().route("/", get(|| async { "ok" })).layer(layer);
+    let (socket, addr) = listener().await;
+    tokio::spawn(async move { axum::serve(socket, router).await });
+    addr
+}
+
+/// One request as `user`: the status, the head and the body.
+async fn ask_as(addr: SocketAddr, user: &str) -> (u16, String, String) {
+    let request = format!("GET / HTTP/1.1\r\nhost: t\r\nx-user: {user}\r\nconnection: close\r\n\r\n");
+    exchange_with_head(addr, request).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
