@@ -1,15 +1,10 @@
-//! What answers requests: the limiter and the layer built from [`Settings`], and the
-//! `Hello World!` service behind them.
+//! What answers requests: the limiter and the layer built from [`Settings`], and the service
+//! behind them (`Hello World!`, or the upstream's reverse proxy).
 
-use std::convert::Infallible;
-use std::future::{Future, Ready, ready};
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
-use bytes::Bytes;
-use http::{Request, Response};
-use http_body_util::Full;
 use sluice_descriptors::{DomainRules, RuleSet};
 use sluice_http::{
     ChargeCounts, ChargeTally, LayerBuildError, RateLimit, RateLimitLayer, RouteCosts, TrustedProxies,
@@ -20,27 +15,9 @@ use sluice_service::{
     CounterSettings, Engine, EngineSettings, LayerBackend, RedisCounters, ValueQuotaSource, ValueQuotas,
 };
 use tower_layer::Layer;
-use tower_service::Service;
 
 use crate::config::{LimiterSettings, RedisSettings, Settings};
-
-/// The service behind the limiter: `200 Hello World!`.
-#[derive(Debug, Clone, Copy)]
-pub struct Hello;
-
-impl<B> Service<Request<B>> for Hello {
-    type Response = Response<Full<Bytes>>;
-    type Error = Infallible;
-    type Future = Ready<Result<Self::Response, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: Request<B>) -> Self::Future {
-        ready(Ok(Response::new(Full::new(Bytes::from_static(b"Hello World!")))))
-    }
-}
+use crate::upstream::{Backend, Proxy, ProxyContext, UpstreamStats};
 
 /// Why an app could not be built from checked settings.
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +47,9 @@ pub enum AppError {
         /// What went wrong (boxed: the error is large, and `AppError` is returned often).
         source: Box<sluice_redis::SetupError>,
     },
+    /// The roots `https://` upstreams are checked against could not be loaded.
+    #[error("upstream: {0}")]
+    UpstreamTls(#[from] sluice_rules_client::ClientTlsError),
 }
 
 /// The domain the accounts map becomes, and the descriptor key of each request's key in it.
@@ -137,9 +117,11 @@ impl std::fmt::Display for LimiterReload {
 /// One generation of the server's config: replaced whole on a reload.
 pub struct App {
     /// The rate-limited service.
-    pub service: RateLimit<Hello>,
+    pub service: RateLimit<Backend>,
     /// Whether requests need their peer address.
     pub needs_peer: bool,
+    /// Whether requests go to an upstream (`upstream:`), not to the demo's answer.
+    pub proxying: bool,
     limiter_settings: LimiterSettings,
     /// The engine deciding every request's key, on the accounts' rules.
     engine: Arc<Engine>,
@@ -148,6 +130,8 @@ pub struct App {
     room: Arc<WaitRoom>,
     /// Where the charges after responses are counted (`charge_from`): kept across reloads.
     charges: ChargeTally,
+    /// What the proxy counted: kept across reloads.
+    upstream_stats: Arc<UpstreamStats>,
 }
 
 impl App {
@@ -164,6 +148,11 @@ impl App {
     /// What the charges after responses came to (`charge_from`), if the layer charges.
     pub fn charge_counts(&self) -> Option<ChargeCounts> {
         self.service.charge_counts()
+    }
+
+    /// What the proxy counted, if requests go to an upstream.
+    pub fn upstream_stats(&self) -> Option<&UpstreamStats> {
+        self.proxying.then_some(&*self.upstream_stats)
     }
 
     /// A new app with a new engine (connecting to Redis if the settings say so). Must run
@@ -202,12 +191,22 @@ impl App {
             }
         };
         let room = Arc::new(WaitRoom::new(settings.excess.max_waiters));
-        Self::with_engine(settings, Arc::new(engine), room, ChargeTally::default())
+        let kept = Kept {
+            room,
+            charges: ChargeTally::default(),
+            upstream_stats: Arc::default(),
+        };
+        Self::with_engine(settings, Arc::new(engine), kept)
     }
 
     /// The app that replaces `self` on a reload: the same waiters, the same charge counts.
     fn next(&self, settings: &Settings, engine: Arc<Engine>) -> Result<Self, AppError> {
-        Self::with_engine(settings, engine, Arc::clone(&self.room), self.charges.clone())
+        let kept = Kept {
+            room: Arc::clone(&self.room),
+            charges: self.charges.clone(),
+            upstream_stats: Arc::clone(&self.upstream_stats),
+        };
+        Self::with_engine(settings, engine, kept)
     }
 
     /// The last step of a reload that built a new engine: the running one hands over to it,
@@ -275,12 +274,12 @@ impl App {
         Ok((app.take_over_from(self), reloaded))
     }
 
-    fn with_engine(
-        settings: &Settings,
-        engine: Arc<Engine>,
-        room: Arc<WaitRoom>,
-        charges: ChargeTally,
-    ) -> Result<Self, AppError> {
+    fn with_engine(settings: &Settings, engine: Arc<Engine>, kept: Kept) -> Result<Self, AppError> {
+        let Kept {
+            room,
+            charges,
+            upstream_stats,
+        } = kept;
         let layer = RateLimitLayer::builder(accounts_backend(&engine))
             .key(settings.key_parts.iter().cloned())
             .default_key(settings.default_key.clone())
@@ -303,15 +302,41 @@ impl App {
                 layer.on_excess_for(account.clone(), *policy)
             })
             .build()?;
+        let backend = match &settings.upstream {
+            None => Backend::Hello,
+            Some(upstream) => {
+                let context = ProxyContext {
+                    trusted: TrustedProxies::new(settings.trusted_proxies.iter().copied()),
+                    tls: settings.tls.is_some(),
+                    client_tls: settings.client_tls.as_ref(),
+                    stats: Arc::clone(&upstream_stats),
+                };
+                Backend::Proxy(Arc::new(Proxy::new(upstream, context)?))
+            }
+        };
+        let proxying = matches!(backend, Backend::Proxy(_));
         Ok(Self {
-            needs_peer: layer.needs_peer_addr(),
-            service: layer.layer(Hello),
+            // The proxy writes the forwarding headers from the peer's address.
+            needs_peer: layer.needs_peer_addr() || proxying,
+            proxying,
+            service: layer.layer(backend),
             limiter_settings: settings.limiter.clone(),
             engine,
             room,
             charges,
+            upstream_stats,
         })
     }
+}
+
+/// What an app hands on to the app that replaces it on a reload.
+struct Kept {
+    /// The requests waiting for capacity.
+    room: Arc<WaitRoom>,
+    /// The charges after responses.
+    charges: ChargeTally,
+    /// The proxy's counts.
+    upstream_stats: Arc<UpstreamStats>,
 }
 
 /// The layer's backend on `engine`: each request's key is an account.

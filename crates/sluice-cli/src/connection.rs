@@ -6,13 +6,19 @@
 //! request counter once per period instead.
 
 use std::future::Future;
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use hyper_util::server::graceful::GracefulConnection;
 use tokio::sync::{Notify, watch};
+
+/// A connection being served, which can be asked to close once its request in flight is
+/// answered (hyper's HTTP/1.1 connection with upgrades, its HTTP/2 connection).
+pub trait Closable: Future {
+    /// Finishes the request in flight, then closes.
+    fn close_gracefully(self: Pin<&mut Self>);
+}
 
 /// The requests started and answered on one connection, counted by its handler.
 #[derive(Debug, Default)]
@@ -41,6 +47,24 @@ impl Activity {
     /// take longer than the idle timeout, and must not be cut by it.
     fn in_flight(&self) -> bool {
         self.answered.load(Ordering::Relaxed) != self.count()
+    }
+}
+
+/// A request whose answer is not made at once (held by the limiter, or forwarded to the
+/// upstream, its body streamed), counted answered on its connection's [`Activity`] when
+/// dropped: made and handed over, or given up by a client that left.
+pub struct Held(Arc<Activity>);
+
+impl Held {
+    /// Marks a request of `activity` in flight.
+    pub fn new(activity: &Arc<Activity>) -> Self {
+        Self(Arc::clone(activity))
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.answered();
     }
 }
 
@@ -114,7 +138,7 @@ impl Connections {
         idle_timeout: Duration,
     ) -> impl Future<Output = C::Output> + Send + 'static
     where
-        C: GracefulConnection + Send + 'static,
+        C: Closable<Output = Result<(), hyper::Error>> + Send + 'static,
     {
         self.live.count.fetch_add(1, Ordering::AcqRel);
         let guard = LiveGuard(Arc::clone(&self.live));
@@ -134,7 +158,7 @@ impl Connections {
                     biased;
                     done = connection.as_mut() => return done,
                     () = stopped.as_mut(), if !closing => {
-                        connection.as_mut().graceful_shutdown();
+                        connection.as_mut().close_gracefully();
                         closing = true;
                     }
                     () = idle.as_mut() => {
@@ -143,7 +167,7 @@ impl Connections {
                             seen = now;
                         } else if !closing {
                             tracing::debug!("closing a connection idle for {idle_timeout:?}");
-                            connection.as_mut().graceful_shutdown();
+                            connection.as_mut().close_gracefully();
                             closing = true;
                         } else {
                             // Still not closed a period later: stuck in a request head that

@@ -6,12 +6,14 @@ mod app;
 mod connection;
 mod limits;
 mod metrics;
+mod protocols;
 mod reload;
 mod rules;
 mod server;
 mod service;
 mod tls;
 mod traces;
+mod upstream;
 mod watch;
 
 use std::io::IsTerminal as _;

@@ -488,6 +488,9 @@ impl Collector for Observed {
             )?;
             counter(&mut m, &[], charges.units)?;
         }
+        if let Some(upstream) = app.upstream_stats() {
+            encode_upstream(&mut encoder, &upstream.snapshot())?;
+        }
         lone_gauge(
             &mut encoder,
             "open_connections",
@@ -496,4 +499,44 @@ impl Collector for Observed {
         )?;
         Ok(())
     }
+}
+
+/// The proxy's series: answers by code, failures by reason, the time to a response head.
+fn encode_upstream(
+    encoder: &mut DescriptorEncoder,
+    read: &crate::upstream::UpstreamSnapshot,
+) -> Result<(), std::fmt::Error> {
+    let mut m = family(
+        encoder,
+        "upstream_requests",
+        "Requests forwarded to an upstream, by the status code answered: the upstream's, or the \
+         502, 504 (or 408 for a stalled request body) sluice answered for it.",
+        MetricType::Counter,
+    )?;
+    for (code, count) in &read.codes {
+        counter(&mut m, &[("code", itoa::Buffer::new().format(*code))], *count)?;
+    }
+    let mut m = family(
+        encoder,
+        "upstream_failures",
+        "Upstream requests that got no response head: no connection (connect), none within the \
+         connect timeout (connect_timeout), no head within the head timeout (head_timeout), the \
+         connection broke or the upstream spoke garbage (broken).",
+        MetricType::Counter,
+    )?;
+    for (reason, count) in &read.failures {
+        counter(&mut m, &[("reason", reason)], *count)?;
+    }
+    let mut m = family(
+        encoder,
+        "upstream_seconds",
+        "Time from sending a request upstream to its response head.",
+        MetricType::Histogram,
+    )?;
+    m.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+        read.sum_seconds,
+        read.count,
+        &read.buckets,
+        None,
+    )
 }

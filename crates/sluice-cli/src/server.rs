@@ -1,5 +1,5 @@
-//! `sluice serve`: HTTP/1.1 with keep-alive on hyper, the rate-limit layer in front of
-//! `Hello World!`, config reload, graceful shutdown.
+//! `sluice serve`: HTTP/1.1 with keep-alive and HTTP/2 on hyper, the rate-limit layer in
+//! front of `Hello World!` or an upstream, config reload, graceful shutdown.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -14,26 +14,20 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use http::Request;
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use sluice_http::PeerAddr;
 use tokio::net::{TcpListener, TcpSocket};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tower_service::Service as _;
 
-use crate::app::{App, Hello};
+use crate::app::App;
 use crate::config::Settings;
-use crate::connection::{Activity, Connections};
+use crate::connection::{Activity, Connections, Held};
 use crate::limits::ConnectionLimit;
 use crate::metrics::{HostState, Observed};
+use crate::protocols::{Protocols, negotiated, sniff};
 use crate::tls::{Protocol, ServerTls, TlsError};
+use crate::upstream::{Backend, ConnectionPlace, ServeBody};
 use crate::{Stop, StopSignals};
-
-/// hyper's own bound on a request's headers: not set unless the config asks for another,
-/// since setting it moves hyper's header table from the stack to the heap.
-const HYPER_MAX_HEADERS: usize = 100;
-/// The least read buffer hyper accepts (`max_buf_size` asserts it).
-const HYPER_MIN_BUFFER: usize = 8192;
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -139,7 +133,7 @@ pub async fn serve(
 
     let stop = watch::Sender::new(false);
     let tls = (options.settings.tls.as_ref())
-        .map(|settings| ServerTls::start(settings, Protocol::Http1, stop.subscribe()))
+        .map(|settings| ServerTls::start(settings, Protocol::Http, stop.subscribe()))
         .transpose()
         .map_err(|e| ServeError::Tls {
             field: "tls",
@@ -158,8 +152,10 @@ pub async fn serve(
         connections: Connections::new(),
         places: Arc::new(Semaphore::new(connection_limit.max)),
         idle_timeout: options.settings.idle_timeout,
-        max_header_bytes: options.settings.max_header_bytes,
-        max_headers: options.settings.max_headers,
+        protocols: Arc::new(Protocols::new(
+            options.settings.max_header_bytes,
+            options.settings.max_headers,
+        )),
         stop: stop.clone(),
         drained: watch::Sender::new(false),
         tls,
@@ -387,8 +383,8 @@ struct Acceptor {
     /// One permit per connection that may be served at once (`max_connections`).
     places: Arc<Semaphore>,
     idle_timeout: Duration,
-    max_header_bytes: usize,
-    max_headers: usize,
+    /// How connections are served, in the HTTP each speaks.
+    protocols: Arc<Protocols>,
     /// Set when the server stops accepting.
     stop: watch::Sender<bool>,
     /// Set when the connections are drained (or the drain timed out).
@@ -408,21 +404,6 @@ impl Acceptor {
     /// again, so a freed place never goes to a thread whose listener has no client waiting
     /// (the kernel spreads clients over the threads' listeners).
     async fn accept(&self, listener: TcpListener) {
-        let mut builder = http1::Builder::new();
-        builder
-            .timer(TokioTimer::new())
-            // Slow or silent clients are closed by the idle check (`connection.rs`), which
-            // costs nothing per request; hyper's header timer would be armed for each one.
-            .header_read_timeout(None)
-            .keep_alive(true)
-            .pipeline_flush(false)
-            // A complete head above the limit is answered 431; an incomplete one stops
-            // growing at the buffer's bound, which cannot go below hyper's minimum.
-            .max_header_size(self.max_header_bytes)
-            .max_buf_size(self.max_header_bytes.max(HYPER_MIN_BUFFER));
-        if self.max_headers != HYPER_MAX_HEADERS {
-            builder.max_headers(self.max_headers);
-        }
         loop {
             let (stream, peer) = match listener.accept().await {
                 Ok(accepted) => accepted,
@@ -452,43 +433,37 @@ impl Acceptor {
                 app: Arc::clone(&self.app),
                 peer,
                 activity: Arc::clone(&activity),
+                place: Arc::new(place),
             };
-            let Some(tls) = &self.tls else {
-                let connection = self.connections.serve(
-                    builder.serve_connection(TokioIo::new(stream), handler),
-                    activity,
-                    self.idle_timeout,
-                );
-                tokio::spawn(async move {
-                    if let Err(e) = connection.await {
-                        tracing::debug!("connection from {peer}: {e}");
-                    }
-                    drop(place);
-                });
-                continue;
-            };
-            // The handshake on the connection's own task, so a slow one holds up no other.
-            let (tls, builder, connections, idle_timeout) = (
-                Arc::clone(tls),
-                builder.clone(),
+            let (tls, protocols, connections, idle_timeout) = (
+                self.tls.clone(),
+                Arc::clone(&self.protocols),
                 self.connections.clone(),
                 self.idle_timeout,
             );
+            // The first bytes or the handshake on the connection's own task, so a slow one
+            // holds up no other.
             tokio::spawn(async move {
-                match tls.accept(stream).await {
-                    Ok(stream) => {
-                        let connection = connections.serve(
-                            builder.serve_connection(TokioIo::new(stream), handler),
-                            activity,
-                            idle_timeout,
-                        );
-                        if let Err(e) = connection.await {
-                            tracing::debug!("connection from {peer}: {e}");
+                let served = match tls {
+                    None => match sniff(&stream, idle_timeout).await {
+                        Ok(speaks) => {
+                            let connection = protocols.serve(stream, speaks, handler);
+                            connections.serve(connection, activity, idle_timeout).await
                         }
-                    }
-                    Err(e) => tracing::debug!("TLS from {peer}: {e}"),
+                        Err(e) => return tracing::debug!("connection from {peer}: {e}"),
+                    },
+                    Some(tls) => match tls.accept(stream).await {
+                        Ok(stream) => {
+                            let speaks = negotiated(&stream);
+                            let connection = protocols.serve(stream, speaks, handler);
+                            connections.serve(connection, activity, idle_timeout).await
+                        }
+                        Err(e) => return tracing::debug!("TLS from {peer}: {e}"),
+                    },
+                };
+                if let Err(e) = served {
+                    tracing::debug!("connection from {peer}: {e}");
                 }
-                drop(place);
             });
         }
     }
@@ -500,9 +475,11 @@ struct Handler {
     app: Arc<ArcSwap<App>>,
     peer: SocketAddr,
     activity: Arc<Activity>,
+    /// The connection's place under `max_connections`, kept by a tunnel it upgrades to.
+    place: Arc<OwnedSemaphorePermit>,
 }
 
-type Body = http_body_util::Full<bytes::Bytes>;
+type Body = ServeBody;
 
 impl hyper::service::Service<Request<Incoming>> for Handler {
     type Response = http::Response<Body>;
@@ -515,6 +492,11 @@ impl hyper::service::Service<Request<Incoming>> for Handler {
         if app.needs_peer {
             request.extensions_mut().insert(PeerAddr(self.peer));
         }
+        if app.proxying && request.headers().contains_key(http::header::UPGRADE) {
+            request
+                .extensions_mut()
+                .insert(ConnectionPlace(Arc::clone(&self.place)));
+        }
         // Only when traces are exported: the request's span, the decision's parent.
         let span = crate::traces::on()
             .then(|| crate::traces::request_span(request.method().as_str(), request.headers()));
@@ -522,10 +504,11 @@ impl hyper::service::Service<Request<Incoming>> for Handler {
             None => app.service.clone().call(request),
             Some(span) => span.in_scope(|| app.service.clone().call(request)),
         };
-        // Answered now unless the limiter holds it: only then can the answer take longer than
-        // the idle timeout, and only then is the activity carried along.
-        let held = if future.is_held() {
-            Some(Held(Arc::clone(&self.activity)))
+        // Answered now unless the limiter holds it or an upstream answers: only then can the
+        // answer take longer than the idle timeout, and only then is the activity carried
+        // along (into the upstream's body, until it is written).
+        let held = if future.is_held() || app.proxying {
+            Some(Held::new(&self.activity))
         } else {
             self.activity.answered();
             None
@@ -534,21 +517,11 @@ impl hyper::service::Service<Request<Incoming>> for Handler {
     }
 }
 
-/// A request the limiter holds, counted answered on its connection's [`Activity`] when its
-/// answer is dropped (made and handed over, or given up by a client that left).
-struct Held(Arc<Activity>);
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        self.0.answered();
-    }
-}
-
 pin_project_lite::pin_project! {
     /// A request's answer, with the mark of a request the limiter holds.
     struct Answering {
         #[pin]
-        future: sluice_http::ResponseFuture<Hello, Incoming, Body>,
+        future: sluice_http::ResponseFuture<Backend, Incoming, Body>,
         held: Option<Held>,
         span: Option<tracing::Span>,
     }
@@ -560,9 +533,15 @@ impl Future for Answering {
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        match this.span {
+        let mut answer = match this.span {
             None => this.future.poll(cx),
             Some(span) => span.in_scope(|| this.future.poll(cx)),
+        };
+        if let Poll::Ready(Ok(response)) = &mut answer
+            && let Some(held) = this.held.take()
+        {
+            response.body_mut().hold(held);
         }
+        answer
     }
 }

@@ -53,17 +53,20 @@ pub enum TlsError {
 /// What a listener speaks inside TLS, as ALPN names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Protocol {
-    /// HTTP/1.1: the main listener, the admin listener, the check API.
+    /// HTTP/1.1: the admin listener, the check API.
     Http1,
     /// HTTP/2: the RLS port's gRPC.
     H2,
+    /// Either, as the client prefers: the main listener.
+    Http,
 }
 
 impl Protocol {
-    fn alpn(self) -> &'static [u8] {
+    fn alpn(self) -> Vec<Vec<u8>> {
         match self {
-            Protocol::Http1 => b"http/1.1",
-            Protocol::H2 => b"h2",
+            Protocol::Http1 => vec![b"http/1.1".to_vec()],
+            Protocol::H2 => vec![b"h2".to_vec()],
+            Protocol::Http => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
         }
     }
 }
@@ -228,7 +231,7 @@ fn server_config(
     let mut config = builder
         .with_single_cert(chain, key)
         .map_err(|e| TlsError::Rustls(format!("{}: {e}", settings.key.display())))?;
-    config.alpn_protocols = vec![protocol.alpn().to_vec()];
+    config.alpn_protocols = protocol.alpn();
     Ok(config)
 }
 

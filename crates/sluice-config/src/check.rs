@@ -208,6 +208,7 @@ impl RawConfig {
             .map(|(i, rule)| cost(i, rule))
             .collect::<Result<Vec<_>, _>>()?;
         let charge_from = self.charge_from.as_ref().map(charge_from).transpose()?;
+        let upstream = (self.upstream.as_ref()).map(crate::upstream::check).transpose()?;
         let admin_tls = (self.admin.as_ref().and_then(|a| a.tls.as_ref()))
             .map(|raw| tls("admin.tls", raw, dir))
             .transpose()?;
@@ -267,6 +268,7 @@ impl RawConfig {
             costs,
             headers: self.headers,
             charge_from,
+            upstream,
             excess: ExcessSettings {
                 default: server_waits.policy(),
                 by_account,

@@ -8,9 +8,17 @@ use serde_norway::{Mapping, Value};
 
 use crate::{ConfigError, error};
 
+/// The sections whose string form is the shorthand for one key of their map form, and that
+/// key: `upstream: URL` is `upstream: {url: URL}` (as `raw.rs` reads it). A variable that sets
+/// another key of such a section keeps the file's string in that key. (`rules: PATH` is no
+/// such shorthand: a rules file and a rules service are different things, and a variable that
+/// sets a key of `rules` replaces the path.)
+const SHORTHANDS: &[(&str, &str)] = &[("upstream", crate::raw::UPSTREAM_SHORTHAND)];
+
 /// Every key the environment can set, as its path in the file. A section given as a map in
 /// the file (`redis`, `rls`) is set key by key; a list or a map of the user's own entries
-/// (`accounts`, `costs`) is set whole.
+/// (`accounts`, `costs`, `upstream.routes`) is set whole. A section that may be a string
+/// (`rules`, `upstream`) can be set whole too.
 pub const ENV_KEYS: &[&str] = &[
     "listen",
     "tls",
@@ -49,6 +57,14 @@ pub const ENV_KEYS: &[&str] = &[
     "charge_from.header",
     "charge_from.max",
     "charge_from.strip",
+    "upstream",
+    "upstream.url",
+    "upstream.routes",
+    "upstream.host",
+    "upstream.connect_timeout",
+    "upstream.head_timeout",
+    "upstream.idle_timeout",
+    "upstream.max_idle",
     "redis.url",
     "redis.cluster",
     "redis.policy",
@@ -152,7 +168,8 @@ pub(crate) fn read(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Vec<(FromE
 
 /// `file` (the file's YAML) with each of `given` set at its path: a section the file gives
 /// as something other than a map (`rules: limits.yaml`) becomes a map when a key inside it
-/// is set.
+/// is set; the string of a shorthand (`upstream: URL`) becomes the key it stands for
+/// ([`SHORTHANDS`]).
 pub(crate) fn overlay(file: Value, given: &[(FromEnv, Value)]) -> Value {
     let mut root = match file {
         Value::Mapping(map) => map,
@@ -161,19 +178,36 @@ pub(crate) fn overlay(file: Value, given: &[(FromEnv, Value)]) -> Value {
     for (from, value) in given {
         let mut parts = from.path.split('.').peekable();
         let mut at = &mut root;
+        let mut section = String::new();
         while let Some(part) = parts.next() {
             let key = Value::String(part.to_owned());
             if parts.peek().is_none() {
                 at.insert(key, value.clone());
                 break;
             }
+            if !section.is_empty() {
+                section.push('.');
+            }
+            section.push_str(part);
             let entry = at.entry(key).or_insert_with(|| Value::Mapping(Mapping::new()));
             if !entry.is_mapping() {
-                *entry = Value::Mapping(Mapping::new());
+                *entry = map_form(&section, std::mem::replace(entry, Value::Null));
             }
             let Value::Mapping(inner) = entry else { break };
             at = inner;
         }
     }
     Value::Mapping(root)
+}
+
+/// `written`, the file's value of `section` where a map is needed: a shorthand's string in the
+/// key it stands for, anything else dropped (an empty map).
+fn map_form(section: &str, written: Value) -> Value {
+    let mut map = Mapping::new();
+    if let (Some((_, key)), Value::String(_)) =
+        (SHORTHANDS.iter().find(|(name, _)| *name == section), &written)
+    {
+        map.insert(Value::String((*key).to_owned()), written);
+    }
+    Value::Mapping(map)
 }

@@ -10,9 +10,10 @@
 //! the settings they check: the code itself is under 600.)
 //!
 //! `raw` holds the file as written, `check` turns it into settings with the libraries' own
-//! parsers and builders, `redis` reads the `redis:` section and `--redis`. Nothing here
-//! serves, connects or spawns: the settings are plain data (the rules service's client is
-//! built, not used), and the binary turns them into limiters, engines and listeners.
+//! parsers and builders, `redis` reads the `redis:` section and `--redis`, `upstream` the
+//! reverse proxy's `upstream:`. Nothing here serves, connects or spawns: the settings are
+//! plain data (the rules service's client is built, not used), and the binary turns them into
+//! limiters, engines, listeners and the proxy.
 //!
 //! ```
 //! let settings = sluice_config::parse("key:\n  from: [ip]\nipv6_prefix: 56\n")?;
@@ -32,6 +33,7 @@ mod otlp;
 mod raw;
 mod redis;
 mod service;
+mod upstream;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -51,6 +53,10 @@ pub use service::{
 /// `counting:` and `rls.headers:`, as the engine takes them.
 pub use sluice_descriptors::Counting;
 pub use sluice_http::FieldSet;
+pub use upstream::{
+    DEFAULT_UPSTREAM_CONNECT_TIMEOUT, DEFAULT_UPSTREAM_HEAD_TIMEOUT, DEFAULT_UPSTREAM_IDLE_TIMEOUT,
+    DEFAULT_UPSTREAM_MAX_IDLE, HostHeader, UpstreamRoute, UpstreamSettings, UpstreamUrl, UpstreamUrlError,
+};
 
 use raw::RawConfig;
 
@@ -277,6 +283,27 @@ pub struct Settings {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub charge_from: Option<sluice_http::ChargeFrom>,
+    /// Where admitted requests are forwarded (`upstream:`), if anywhere; `None`: `sluice serve`
+    /// answers them itself (the demo answer).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let s = sluice_config::parse("upstream: http://127.0.0.1:3000\n")?;
+    /// let upstream = s.upstream.unwrap();
+    /// assert_eq!(upstream.default.unwrap().authority, "127.0.0.1:3000");
+    /// assert_eq!(upstream.head_timeout, Duration::from_secs(60));
+    /// let file = "upstream:\n  routes:\n    - {prefix: /api/, url: 'http://127.0.0.1:3001'}\n  connect_timeout: 2s\n";
+    /// let upstream = sluice_config::parse(file)?.upstream.unwrap();
+    /// assert_eq!((upstream.default, upstream.routes[0].prefix.as_str()), (None, "/api/"));
+    /// assert_eq!(upstream.connect_timeout, Duration::from_secs(2));
+    /// let e = sluice_config::parse("upstream: {routes: [{prefix: /api/, url: 'http://a/app'}]}\n").unwrap_err();
+    /// assert_eq!(e.field, "upstream.routes[0].url");
+    /// assert!(e.message.contains("a path prefix on the upstream is not supported"), "{e}");
+    /// assert_eq!(sluice_config::parse("upstream: {url: 'http://a', max_idle: -1}\n").unwrap_err().field, "upstream.max_idle");
+    /// assert!(sluice_config::parse(sluice_config::DEFAULT_CONFIG)?.upstream.is_none());
+    /// # Ok::<(), sluice_config::ConfigError>(())
+    /// ```
+    pub upstream: Option<UpstreamSettings>,
     /// Whether requests over their quota wait.
     pub excess: ExcessSettings,
     /// The rate-limit service, if rules are configured.
@@ -287,9 +314,9 @@ pub struct Settings {
     pub admin_tls: Option<TlsSettings>,
     /// TLS on `listen` (`tls`).
     pub tls: Option<TlsSettings>,
-    /// How sluice's own clients (the rules service's `rules.url`, `accounts_url`) speak TLS to
-    /// an `https://` service (`client_tls`); Mozilla's roots and no client certificate if
-    /// left out.
+    /// How sluice's own clients (the rules service's `rules.url`, `accounts_url`, an
+    /// `https://` upstream) speak TLS to an `https://` service (`client_tls`); Mozilla's roots
+    /// and no client certificate if left out.
     pub client_tls: Option<sluice_rules_client::ClientTls>,
     /// Traces exported over OTLP (`otlp`, or `OTEL_EXPORTER_OTLP_ENDPOINT`), if anywhere.
     pub otlp: Option<OtlpSettings>,
@@ -473,11 +500,16 @@ pub fn parse_with_env(
     Ok((settings, given.into_iter().map(|(from, _)| from).collect()))
 }
 
-/// `e`, saying which variable gave the value at fault if the environment did.
+/// `e`, saying which variable gave the value at fault if the environment did (the one that
+/// set the field most closely: `SLUICE_UPSTREAM_ROUTES` rather than `SLUICE_UPSTREAM` for
+/// `upstream.routes[0].url`).
 fn blame(mut e: ConfigError, given: &[(FromEnv, serde_norway::Value)]) -> ConfigError {
-    let from = given
-        .iter()
-        .find(|(from, _)| e.field == from.path || e.field.starts_with(&format!("{}.", from.path)));
+    let within = |path: &str| {
+        e.field == path || (e.field.strip_prefix(path)).is_some_and(|rest| rest.starts_with(['.', '[']))
+    };
+    let from = (given.iter())
+        .filter(|(from, _)| within(from.path))
+        .max_by_key(|(from, _)| from.path.len());
     if let Some((from, _)) = from {
         e.message = format!("{} (from {})", e.message, from.variable);
     }

@@ -57,6 +57,10 @@ pub(super) struct RawConfig {
     pub costs: Vec<RawCost>,
     /// Post-paid costs read from a response header; none when left out.
     pub charge_from: Option<RawChargeFrom>,
+    /// Where admitted requests are forwarded (reverse-proxy mode); none when left out: the
+    /// demo answer.
+    #[serde(deserialize_with = "url_or_upstream")]
+    pub upstream: Option<RawUpstream>,
     pub redis: Option<RawRedis>,
     /// Descriptor rules (envoy ratelimit's format): a file or a directory, or a rules
     /// service to poll.
@@ -113,6 +117,7 @@ impl Default for RawConfig {
             accounts_url: None,
             costs: Vec::new(),
             charge_from: None,
+            upstream: None,
             redis: None,
             rules: None,
             rls: None,
@@ -135,6 +140,70 @@ pub(super) struct RawChargeFrom {
     pub max: u64,
     #[serde(default)]
     pub strip: bool,
+}
+
+/// The `upstream:` section as a map; `upstream: URL` is the shorthand for `{url: URL}`
+/// (`url_or_upstream`). Every field is optional; `upstream.rs` gives the defaults.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawUpstream {
+    /// Where a request no route matches goes.
+    pub url: Option<String>,
+    /// By path prefix, in file order.
+    pub routes: Vec<RawUpstreamRoute>,
+    /// `keep` or `upstream`.
+    pub host: Option<String>,
+    pub connect_timeout: Option<String>,
+    pub head_timeout: Option<String>,
+    pub idle_timeout: Option<String>,
+    /// Wider than `usize` so that a negative number is refused with the range, not a type error.
+    pub max_idle: Option<i64>,
+}
+
+/// One of `upstream.routes`: both fields needed.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawUpstreamRoute {
+    pub prefix: String,
+    pub url: String,
+}
+
+/// The field of the `upstream:` section a plain string stands for: `upstream: URL` is
+/// `upstream: {url: URL}`. The environment's overlay keeps the string in that field when a
+/// variable sets another one (`env::SHORTHANDS`).
+pub(super) const UPSTREAM_SHORTHAND: &str = "url";
+
+/// `upstream:` as written: a URL (the shorthand for `{url: URL}`), the map, or nothing.
+fn url_or_upstream<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<RawUpstream>, D::Error> {
+    struct Either;
+    impl<'de> serde::de::Visitor<'de> for Either {
+        type Value = Option<RawUpstream>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(
+                "an upstream URL (http://HOST[:PORT] or https://HOST[:PORT]), or {url, routes, host, \
+                 connect_timeout, head_timeout, idle_timeout, max_idle}",
+            )
+        }
+        fn visit_str<E: serde::de::Error>(self, url: &str) -> Result<Self::Value, E> {
+            let mut shorthand = serde_norway::Mapping::new();
+            shorthand.insert(UPSTREAM_SHORTHAND.into(), url.into());
+            RawUpstream::deserialize(serde_norway::Value::Mapping(shorthand))
+                .map(Some)
+                .map_err(E::custom)
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            RawUpstream::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(Some)
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+    }
+    deserializer.deserialize_any(Either)
 }
 
 /// The `redis:` section; a field left out takes its value from `RedisSettings::default()`.

@@ -36,11 +36,12 @@ fn every_key_of_the_schema_has_a_variable_and_no_variable_names_nothing() {
         "otlp",
         "metrics",
         "charge_from",
+        "upstream",
     ];
     let mut schema = BTreeSet::new();
     for field in fields("") {
-        // A section is set key by key; `rules` is a path too.
-        if !sections.contains(&field.as_str()) || field == "rules" {
+        // A section is set key by key; `rules` is a path too, `upstream` a URL.
+        if !sections.contains(&field.as_str()) || field == "rules" || field == "upstream" {
             schema.insert(field);
         }
     }
@@ -83,6 +84,7 @@ fn each_variable_sets_its_key() {
     let api = [("rules.url", "http://127.0.0.1:9"), ("api.listen", "127.0.0.1:0")];
     let otlp = [("otlp.endpoint", "http://127.0.0.1:4317")];
     let charging = [("charge_from.header", "x-usage"), ("charge_from.max", "5")];
+    let upstream = [("upstream", "http://127.0.0.1:3000")];
     // Each key, a value other than its default, and what it needs beside it.
     let cases: Vec<(&str, &str, Beside)> = vec![
         ("listen", "127.0.0.1:9999", &[]),
@@ -125,6 +127,18 @@ fn each_variable_sets_its_key() {
         ("charge_from.header", "x-tokens", &charging),
         ("charge_from.max", "9", &charging),
         ("charge_from.strip", "true", &charging),
+        ("upstream", "http://127.0.0.1:3000", &[]),
+        ("upstream.url", "http://127.0.0.1:3000", &[]),
+        (
+            "upstream.routes",
+            "[{prefix: /api/, url: 'http://127.0.0.1:3001'}]",
+            &[],
+        ),
+        ("upstream.host", "upstream", &upstream),
+        ("upstream.connect_timeout", "1s", &upstream),
+        ("upstream.head_timeout", "5s", &upstream),
+        ("upstream.idle_timeout", "7s", &upstream),
+        ("upstream.max_idle", "0", &upstream),
         ("redis.url", "redis://127.0.0.1:1", &[]),
         ("redis.cluster", "[redis://127.0.0.1:1]", &[]),
         ("redis.policy", "fail_closed", &redis),
@@ -245,4 +259,78 @@ fn the_standard_otel_variable_sets_the_collector_unless_sluices_own_does() {
     .into();
     let e = parse_with_env("{}\n", None, &|name| env.get(name).cloned()).unwrap_err();
     assert!(e.to_string().contains("otlp.endpoint"), "{e}");
+}
+
+/// The upstream of `file` with `env` as the environment.
+fn upstream(file: &str, env: &[(&str, &str)]) -> sluice_config::UpstreamSettings {
+    let env: HashMap<String, String> = env.iter().map(|(k, v)| (env_name(k), v.to_string())).collect();
+    let (settings, _) = parse_with_env(file, None, &|name| env.get(name).cloned()).unwrap();
+    settings.upstream.expect("an upstream")
+}
+
+#[test]
+fn a_variable_setting_a_key_of_the_upstream_shorthand_keeps_its_url() {
+    use std::time::Duration;
+    let file = "upstream: http://a:1\n";
+    let s = upstream(file, &[("upstream.head_timeout", "5s")]);
+    assert_eq!(s.default.unwrap().to_string(), "http://a:1");
+    assert_eq!(s.head_timeout, Duration::from_secs(5));
+    // As if the file had given the map.
+    let env = [
+        ("upstream.routes", "[{prefix: /api/, url: 'http://b:2'}]"),
+        ("upstream.max_idle", "3"),
+    ];
+    assert_eq!(
+        upstream(file, &env),
+        upstream("upstream: {url: 'http://a:1'}\n", &env)
+    );
+    // The shorthand from the environment, and keys beside it.
+    let s = upstream(
+        "{}\n",
+        &[("upstream", "https://c"), ("upstream.host", "upstream")],
+    );
+    assert_eq!(s.default.unwrap().to_string(), "https://c:443");
+    assert_eq!(s.host, sluice_config::HostHeader::Upstream);
+    // `SLUICE_UPSTREAM_URL` replaces the shorthand's URL; `SLUICE_UPSTREAM` the whole section.
+    let s = upstream(file, &[("upstream.url", "http://d:4")]);
+    assert_eq!(s.default.unwrap().to_string(), "http://d:4");
+    let map = "upstream: {url: 'http://a:1', head_timeout: 9s, routes: [{prefix: /x, url: 'http://x'}]}\n";
+    let s = upstream(map, &[("upstream", "http://e:5")]);
+    assert_eq!(s.default.unwrap().to_string(), "http://e:5");
+    assert_eq!((s.head_timeout, s.routes.len()), (Duration::from_secs(60), 0));
+    // A key of the file's map kept beside the one the environment sets.
+    let s = upstream(map, &[("upstream.idle_timeout", "2s")]);
+    assert_eq!(
+        (s.head_timeout, s.idle_timeout, s.routes.len()),
+        (Duration::from_secs(9), Duration::from_secs(2), 1)
+    );
+    // `rules: PATH` is no shorthand: a key of `rules` set by a variable replaces the path.
+    let e = settings("rules: limits.yaml\n", &[("rules.poll", "3s")]).unwrap_err();
+    assert_eq!(e.field, "rules");
+    assert!(e.message.contains("missing field `url`"), "{e}");
+}
+
+#[test]
+fn a_bad_upstream_value_names_the_variable_that_gave_it() {
+    let e = settings("upstream: http://a:1\n", &[("upstream.connect_timeout", "0s")]).unwrap_err();
+    assert_eq!(e.field, "upstream.connect_timeout");
+    assert!(e.message.contains("SLUICE_UPSTREAM_CONNECT_TIMEOUT"), "{e}");
+    // The file's own mistake is not blamed on a variable.
+    let e = settings("upstream: http://a:1/app\n", &[("upstream.max_idle", "1")]).unwrap_err();
+    assert_eq!(e.field, "upstream.url");
+    assert!(!e.message.contains("SLUICE_"), "{e}");
+    // Inside a list set whole, by the variable that set it rather than the section's.
+    let env = [
+        ("upstream", "http://a:1"),
+        ("upstream.routes", "[{prefix: api, url: 'http://b'}]"),
+    ];
+    let e = settings("{}\n", &env).unwrap_err();
+    assert_eq!(e.field, "upstream.routes[0].prefix");
+    assert!(e.message.contains("(from SLUICE_UPSTREAM_ROUTES)"), "{e}");
+    let e = settings("{}\n", &[("upstream", "ftp://a")]).unwrap_err();
+    assert_eq!(e.field, "upstream.url");
+    assert!(e.message.contains("(from SLUICE_UPSTREAM)"), "{e}");
+    let e = settings("{}\n", &[("costs", "[{path: api, cost: 2}]")]).unwrap_err();
+    assert_eq!(e.field, "costs[0].path");
+    assert!(e.message.contains("(from SLUICE_COSTS)"), "{e}");
 }

@@ -307,7 +307,20 @@ impl TrustedProxies {
         self.nets.is_empty()
     }
 
-    fn trusts(&self, ip: IpAddr) -> bool {
+    /// Whether `ip` is one of the trusted proxies (an IPv4-mapped IPv6 address is looked up as
+    /// IPv4): a reverse proxy extends the forwarding headers of such a peer and replaces any
+    /// other's.
+    ///
+    /// # Example
+    /// ```
+    /// let proxies = sluice_http::TrustedProxies::new(["10.0.0.0/8".parse()?]);
+    /// assert!(proxies.trusts("10.1.2.3".parse()?));
+    /// assert!(proxies.trusts("::ffff:10.1.2.3".parse()?));
+    /// assert!(!proxies.trusts("192.0.2.1".parse()?));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn trusts(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
         self.nets.iter().any(|net| net.contains(ip))
     }
 

@@ -79,6 +79,19 @@ impl ClientTls {
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(Self(Arc::new(config)))
     }
+
+    /// The rustls configuration, for a client of sluice's own that connects by itself (the
+    /// reverse proxy's upstream connections); it offers `http/1.1` over ALPN.
+    ///
+    /// # Example
+    /// ```
+    /// let tls = sluice_rules_client::ClientTls::new(None, None)?;
+    /// assert_eq!(tls.rustls_config().alpn_protocols, [b"http/1.1".to_vec()]);
+    /// # Ok::<(), sluice_rules_client::ClientTlsError>(())
+    /// ```
+    pub fn rustls_config(&self) -> &Arc<rustls::ClientConfig> {
+        &self.0
+    }
 }
 
 impl std::fmt::Debug for ClientTls {

@@ -1,0 +1,146 @@
+//! The connections to upstreams: TCP, with TLS for `https://` (trusting `client_tls`), made
+//! within the connect timeout and kept alive in hyper-util's pool.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::Uri;
+use hyper::rt::{Read, ReadBufCursor, Write};
+use hyper_util::client::legacy::connect::{Connected, Connection};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+
+/// Makes upstream connections for the pool.
+#[derive(Clone)]
+pub struct Connector {
+    /// How `https://` upstreams are spoken to.
+    pub tls: Arc<rustls::ClientConfig>,
+    /// The longest a connection (and its TLS handshake) may take.
+    pub timeout: Duration,
+}
+
+/// Why a connection could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The URI names no host (the proxy builds every URI from a checked upstream: never).
+    #[error("no host in {0}")]
+    NoHost(Uri),
+    /// Not made within the connect timeout.
+    #[error("no connection within {0:?}")]
+    TimedOut(Duration),
+    /// Refused, unreachable, not resolved, or the TLS handshake failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl tower_service::Service<Uri> for Connector {
+    type Response = UpstreamStream;
+    type Error = ConnectError;
+    type Future = Pin<Box<dyn Future<Output = Result<UpstreamStream, ConnectError>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), ConnectError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let (tls, timeout) = (Arc::clone(&self.tls), self.timeout);
+        Box::pin(async move {
+            let connecting = connect(uri, tls);
+            match tokio::time::timeout(timeout, connecting).await {
+                Ok(connected) => connected,
+                Err(_) => Err(ConnectError::TimedOut(timeout)),
+            }
+        })
+    }
+}
+
+async fn connect(uri: Uri, tls: Arc<rustls::ClientConfig>) -> Result<UpstreamStream, ConnectError> {
+    let host = uri.host().ok_or_else(|| ConnectError::NoHost(uri.clone()))?;
+    let https = uri.scheme() == Some(&http::uri::Scheme::HTTPS);
+    let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+    // A bracketed IPv6 literal connects by its address.
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let stream = TcpStream::connect((bare, port)).await?;
+    stream.set_nodelay(true)?;
+    if !https {
+        return Ok(UpstreamStream::Plain(TokioIo::new(stream)));
+    }
+    let name = rustls::pki_types::ServerName::try_from(bare.to_owned())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let stream = tokio_rustls::TlsConnector::from(tls)
+        .connect(name, stream)
+        .await?;
+    Ok(UpstreamStream::Tls(Box::new(TokioIo::new(stream))))
+}
+
+/// One upstream connection.
+pub enum UpstreamStream {
+    /// `http://`.
+    Plain(TokioIo<TcpStream>),
+    /// `https://` (boxed: a TLS session is large).
+    Tls(Box<TokioIo<TlsStream<TcpStream>>>),
+}
+
+impl Connection for UpstreamStream {
+    fn connected(&self) -> Connected {
+        Connected::new()
+    }
+}
+
+impl Read for UpstreamStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(io) => Pin::new(io).poll_read(cx, buf),
+            Self::Tls(io) => Pin::new(io.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl Write for UpstreamStream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Self::Plain(io) => Pin::new(io).poll_write(cx, buf),
+            Self::Tls(io) => Pin::new(io.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(io) => Pin::new(io).poll_flush(cx),
+            Self::Tls(io) => Pin::new(io.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(io) => Pin::new(io).poll_shutdown(cx),
+            Self::Tls(io) => Pin::new(io.as_mut()).poll_shutdown(cx),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Self::Plain(io) => Pin::new(io).poll_write_vectored(cx, bufs),
+            Self::Tls(io) => Pin::new(io.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Self::Plain(io) => io.is_write_vectored(),
+            Self::Tls(io) => io.is_write_vectored(),
+        }
+    }
+}

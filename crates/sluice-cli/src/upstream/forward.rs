@@ -1,0 +1,237 @@
+//! The headers a request and a response cross the proxy with: hop-by-hop ones removed both
+//! ways (RFC 9110 §7.6.1), the forwarding headers written from the client address sluice
+//! computed, `Host` kept or set, an upgrade's own two headers carried across.
+
+use std::fmt::Write as _;
+use std::net::IpAddr;
+
+use http::header::{CONNECTION, FORWARDED, HOST, TE, TRANSFER_ENCODING, UPGRADE};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Version};
+
+static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+
+/// The hop-by-hop headers every message loses, besides those its `Connection` names.
+fn hop_by_hop() -> [&'static HeaderName; 6] {
+    [
+        &CONNECTION,
+        &KEEP_ALIVE,
+        &PROXY_CONNECTION,
+        &TE,
+        &TRANSFER_ENCODING,
+        &UPGRADE,
+    ]
+}
+
+/// Removes the hop-by-hop headers and those `Connection` names; returns the `Upgrade` value
+/// when `Connection` asked for an upgrade (only HTTP/1.1 has them).
+pub fn strip_hop_by_hop(headers: &mut HeaderMap, version: Version) -> Option<HeaderValue> {
+    let mut upgrade = None;
+    if headers.contains_key(&CONNECTION) {
+        let named: Vec<HeaderName> = (headers.get_all(&CONNECTION).iter())
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|value| value.split(','))
+            .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+            .collect();
+        for name in &named {
+            if name == UPGRADE && version == Version::HTTP_11 {
+                upgrade = headers.get(&UPGRADE).cloned();
+            }
+            headers.remove(name);
+        }
+    }
+    for name in hop_by_hop() {
+        headers.remove(name);
+    }
+    upgrade
+}
+
+/// Puts an upgrade's `Connection: upgrade` and `Upgrade` back after the strip.
+pub fn keep_upgrade(headers: &mut HeaderMap, upgrade: HeaderValue) {
+    headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
+    headers.insert(UPGRADE, upgrade);
+}
+
+/// Whether the upstream accepted an upgrade.
+pub fn upgraded(status: StatusCode) -> bool {
+    status == StatusCode::SWITCHING_PROTOCOLS
+}
+
+/// How the forwarding headers are written for one request.
+pub struct Client {
+    /// The connection's peer.
+    pub peer: IpAddr,
+    /// Whether the peer is a trusted proxy: its forwarding headers are extended, not
+    /// replaced.
+    pub trusted: bool,
+    /// `http` or `https`: how the client reached sluice.
+    pub scheme: &'static str,
+}
+
+/// Writes `X-Forwarded-For`, `Forwarded` and `X-Forwarded-Proto`. A trusted proxy's own values
+/// are kept and the peer appended (an upstream that walks the list from the right, trusting
+/// the same proxies and sluice, finds the client sluice keyed); anyone else's, and their
+/// `X-Real-IP` and `X-Forwarded-Host`, are replaced by what sluice saw.
+pub fn write_forwarding(headers: &mut HeaderMap, client: &Client) {
+    if !client.trusted {
+        for name in [
+            &X_FORWARDED_FOR,
+            &FORWARDED,
+            &X_FORWARDED_PROTO,
+            &X_REAL_IP,
+            &X_FORWARDED_HOST,
+        ] {
+            headers.remove(name);
+        }
+    }
+    let mut text = String::with_capacity(64);
+    let _ = write!(text, "{}", client.peer.to_canonical());
+    if let Ok(value) = HeaderValue::from_str(&text) {
+        headers.append(X_FORWARDED_FOR.clone(), value);
+    }
+    text.clear();
+    match client.peer.to_canonical() {
+        IpAddr::V4(ip) => {
+            let _ = write!(text, "for={ip};proto={}", client.scheme);
+        }
+        IpAddr::V6(ip) => {
+            let _ = write!(text, "for=\"[{ip}]\";proto={}", client.scheme);
+        }
+    }
+    if let Ok(value) = HeaderValue::from_str(&text) {
+        headers.append(FORWARDED, value);
+    }
+    if !headers.contains_key(&X_FORWARDED_PROTO) {
+        headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(client.scheme));
+    }
+}
+
+/// Sets `Host` for the upstream: the client's kept (an HTTP/2 request's `:authority` becomes
+/// it), or removed so the client writes the upstream's, the client's then in
+/// `X-Forwarded-Host`.
+pub fn set_host(headers: &mut HeaderMap, authority: Option<&http::uri::Authority>, keep: bool) {
+    let client_host = match headers.get(&HOST) {
+        Some(host) => Some(host.clone()),
+        None => authority.and_then(|authority| HeaderValue::from_str(authority.as_str()).ok()),
+    };
+    if keep {
+        if let Some(host) = client_host {
+            headers.insert(HOST, host);
+        }
+    } else {
+        headers.remove(&HOST);
+        if let Some(host) = client_host {
+            headers.insert(X_FORWARDED_HOST.clone(), host);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        map
+    }
+
+    fn values<'a>(map: &'a HeaderMap, name: &str) -> Vec<&'a str> {
+        map.get_all(name).iter().map(|v| v.to_str().unwrap()).collect()
+    }
+
+    #[test]
+    fn hop_by_hop_and_connection_named_headers_go() {
+        let mut map = headers(&[
+            ("connection", "keep-alive, x-secret"),
+            ("keep-alive", "timeout=5"),
+            ("te", "trailers"),
+            ("transfer-encoding", "chunked"),
+            ("proxy-connection", "keep-alive"),
+            ("x-secret", "1"),
+            ("x-kept", "2"),
+        ]);
+        assert_eq!(strip_hop_by_hop(&mut map, Version::HTTP_11), None);
+        assert_eq!(map.len(), 1, "{map:?}");
+        assert_eq!(values(&map, "x-kept"), ["2"]);
+    }
+
+    #[test]
+    fn an_upgrade_is_found_and_put_back() {
+        let mut map = headers(&[("connection", "Upgrade"), ("upgrade", "websocket")]);
+        let upgrade = strip_hop_by_hop(&mut map, Version::HTTP_11).unwrap();
+        assert!(map.is_empty());
+        keep_upgrade(&mut map, upgrade);
+        assert_eq!(values(&map, "upgrade"), ["websocket"]);
+        assert_eq!(values(&map, "connection"), ["upgrade"]);
+        // An Upgrade header without Connection naming it is no upgrade.
+        let mut map = headers(&[("upgrade", "websocket")]);
+        assert_eq!(strip_hop_by_hop(&mut map, Version::HTTP_11), None);
+        assert!(map.is_empty());
+    }
+
+    #[test]
+    fn an_untrusted_clients_forwarding_headers_are_replaced() {
+        let mut map = headers(&[
+            ("x-forwarded-for", "1.2.3.4"),
+            ("forwarded", "for=1.2.3.4"),
+            ("x-forwarded-proto", "https"),
+            ("x-real-ip", "1.2.3.4"),
+            ("x-forwarded-host", "evil"),
+        ]);
+        let client = Client {
+            peer: "192.0.2.7".parse().unwrap(),
+            trusted: false,
+            scheme: "http",
+        };
+        write_forwarding(&mut map, &client);
+        assert_eq!(values(&map, "x-forwarded-for"), ["192.0.2.7"]);
+        assert_eq!(values(&map, "forwarded"), ["for=192.0.2.7;proto=http"]);
+        assert_eq!(values(&map, "x-forwarded-proto"), ["http"]);
+        assert!(values(&map, "x-real-ip").is_empty());
+        assert!(values(&map, "x-forwarded-host").is_empty());
+    }
+
+    #[test]
+    fn a_trusted_proxys_headers_are_extended() {
+        let mut map = headers(&[("x-forwarded-for", "203.0.113.9"), ("x-forwarded-proto", "https")]);
+        let client = Client {
+            peer: "::ffff:10.0.0.1".parse().unwrap(),
+            trusted: true,
+            scheme: "http",
+        };
+        write_forwarding(&mut map, &client);
+        assert_eq!(values(&map, "x-forwarded-for"), ["203.0.113.9", "10.0.0.1"]);
+        assert_eq!(values(&map, "x-forwarded-proto"), ["https"]);
+        assert_eq!(values(&map, "forwarded"), ["for=10.0.0.1;proto=http"]);
+        let v6 = Client {
+            peer: "2001:db8::1".parse().unwrap(),
+            trusted: true,
+            scheme: "https",
+        };
+        let mut map = HeaderMap::new();
+        write_forwarding(&mut map, &v6);
+        assert_eq!(values(&map, "forwarded"), ["for=\"[2001:db8::1]\";proto=https"]);
+    }
+
+    #[test]
+    fn host_is_kept_or_moved_aside() {
+        let authority: http::uri::Authority = "h2.example:8443".parse().unwrap();
+        let mut map = HeaderMap::new();
+        set_host(&mut map, Some(&authority), true);
+        assert_eq!(values(&map, "host"), ["h2.example:8443"]);
+        let mut map = headers(&[("host", "app.example")]);
+        set_host(&mut map, None, false);
+        assert!(values(&map, "host").is_empty());
+        assert_eq!(values(&map, "x-forwarded-host"), ["app.example"]);
+    }
+}

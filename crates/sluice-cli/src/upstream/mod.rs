@@ -1,0 +1,289 @@
+//! What stands behind the rate-limit layer: the demo's `Hello World!`, or with `upstream:`
+//! in the config a reverse proxy to the application, its bodies streamed both ways.
+//!
+//! A request the layer admits is forwarded to the upstream its path routes to, on a pooled
+//! keep-alive connection, with its hop-by-hop headers removed and the forwarding headers
+//! written from the client address sluice saw; the upstream's answer comes back streamed, its
+//! own status (a 429 and its `Retry-After` included) untouched. An upstream that cannot be
+//! reached is answered 502, one too slow 504, both as problem+json and counted. A request
+//! dropped by its client (gone while waiting for capacity or for the upstream) drops the
+//! upstream request with it.
+
+mod body;
+mod client;
+mod forward;
+mod stats;
+mod tunnel;
+
+use std::convert::Infallible;
+use std::future::{Future, Ready, ready};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::uri::PathAndQuery;
+use http::{Method, Request, Response, StatusCode, Version};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use sluice_config::{HostHeader, UpstreamSettings, UpstreamUrl};
+use sluice_http::{PeerAddr, TrustedProxies};
+use tokio::time::Instant;
+
+pub use body::{IdleBody, ServeBody};
+pub use stats::{Failure, UpstreamSnapshot, UpstreamStats};
+pub use tunnel::ConnectionPlace;
+
+use client::{ConnectError, Connector};
+
+/// How long an idle pooled connection is kept: below the keep-alive timeout of common
+/// application servers (Node's is 5 s), so sluice does not send a request on a connection
+/// the upstream is closing.
+const POOL_IDLE: Duration = Duration::from_secs(4);
+
+/// The service behind the layer.
+#[derive(Clone)]
+pub enum Backend {
+    /// The demo: `200 Hello World!`.
+    Hello,
+    /// A reverse proxy.
+    Proxy(Arc<Proxy>),
+}
+
+/// A reverse proxy to the upstreams of the `upstream:` section.
+pub struct Proxy {
+    /// Where each path goes.
+    upstreams: UpstreamSettings,
+    client: Client<Connector, IdleBody<Incoming>>,
+    keep_host: bool,
+    head_timeout: Duration,
+    idle_timeout: Duration,
+    trusted: TrustedProxies,
+    /// How clients reach sluice: `http` or `https`.
+    scheme: &'static str,
+    stats: Arc<UpstreamStats>,
+}
+
+/// What the proxy is built from besides its section.
+pub struct ProxyContext<'a> {
+    /// Whose forwarding headers are extended rather than replaced.
+    pub trusted: TrustedProxies,
+    /// Whether clients reach sluice over TLS.
+    pub tls: bool,
+    /// How `https://` upstreams are spoken to (`client_tls`; Mozilla's roots if `None`).
+    pub client_tls: Option<&'a sluice_rules_client::ClientTls>,
+    /// The counts, kept across reloads.
+    pub stats: Arc<UpstreamStats>,
+}
+
+impl Proxy {
+    /// The proxy of `settings`.
+    ///
+    /// # Errors
+    /// The default roots could not be loaded for `https://` upstreams (never with the built-in
+    /// roots).
+    pub fn new(
+        settings: &UpstreamSettings,
+        context: ProxyContext<'_>,
+    ) -> Result<Self, sluice_rules_client::ClientTlsError> {
+        let tls = match context.client_tls {
+            Some(tls) => Arc::clone(tls.rustls_config()),
+            None => Arc::clone(sluice_rules_client::ClientTls::new(None, None)?.rustls_config()),
+        };
+        let connector = Connector {
+            tls,
+            timeout: settings.connect_timeout,
+        };
+        let client = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(settings.max_idle)
+            .pool_idle_timeout(POOL_IDLE)
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .build(connector);
+        Ok(Self {
+            upstreams: settings.clone(),
+            client,
+            keep_host: settings.host == HostHeader::Keep,
+            head_timeout: settings.head_timeout,
+            idle_timeout: settings.idle_timeout,
+            trusted: context.trusted,
+            scheme: if context.tls { "https" } else { "http" },
+            stats: context.stats,
+        })
+    }
+
+    /// Forwards `request` and answers with the upstream's response, or with the error that
+    /// stands for it.
+    async fn forward(self: Arc<Self>, mut request: Request<Incoming>) -> Response<ServeBody> {
+        if request.method() == Method::CONNECT {
+            return own_problem(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "Method not allowed",
+                "CONNECT is not proxied",
+            );
+        }
+        let Some(target) = self.upstreams.upstream_for(request.uri().path()) else {
+            return own_problem(StatusCode::NOT_FOUND, "No route", "no upstream serves this path");
+        };
+        let version = request.version();
+        let upgrade = forward::strip_hop_by_hop(request.headers_mut(), version);
+        let client_side = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut request));
+        let place = request.extensions_mut().remove::<ConnectionPlace>();
+        let peer = request.extensions().get::<PeerAddr>().map(|peer| peer.0.ip());
+        let (mut parts, body) = request.into_parts();
+        if let Some(peer) = peer {
+            let client = forward::Client {
+                peer,
+                trusted: self.trusted.trusts(peer),
+                scheme: self.scheme,
+            };
+            forward::write_forwarding(&mut parts.headers, &client);
+        }
+        forward::set_host(&mut parts.headers, parts.uri.authority(), self.keep_host);
+        if let Some(upgrade) = &upgrade {
+            forward::keep_upgrade(&mut parts.headers, upgrade.clone());
+        }
+        let path = (parts.uri.path_and_query().cloned()).unwrap_or_else(|| PathAndQuery::from_static("/"));
+        parts.uri = target.uri(path);
+        parts.version = Version::HTTP_11;
+        let outgoing = Request::from_parts(parts, IdleBody::new(body, self.idle_timeout));
+
+        let started = Instant::now();
+        let answer = tokio::time::timeout(self.head_timeout, self.client.request(outgoing)).await;
+        let mut response = match answer {
+            Ok(Ok(response)) => response,
+            Ok(Err(e)) => return self.failed(target, &e),
+            Err(_) => {
+                self.stats.failed(Failure::HeadTimeout);
+                let detail = format!("{}: no response within {:?}", target.authority, self.head_timeout);
+                return self.own_answer(StatusCode::GATEWAY_TIMEOUT, "Gateway timeout", &detail);
+            }
+        };
+        self.stats.timed(started.elapsed());
+        let switching = forward::upgraded(response.status());
+        let upstream_upgrade = forward::strip_hop_by_hop(response.headers_mut(), Version::HTTP_11);
+        match (switching, client_side, upstream_upgrade) {
+            (false, ..) => {}
+            (true, Some(client_side), Some(protocol)) => {
+                forward::keep_upgrade(response.headers_mut(), protocol);
+                let upstream_side = hyper::upgrade::on(&mut response);
+                tunnel::spawn(client_side, upstream_side, place);
+                self.stats.answered(StatusCode::SWITCHING_PROTOCOLS);
+                return response.map(|_| ServeBody::from(Bytes::new()));
+            }
+            (true, ..) => {
+                self.stats.failed(Failure::Broken);
+                let detail = format!("{}: switched protocols unasked", target.authority);
+                return self.own_answer(StatusCode::BAD_GATEWAY, "Bad gateway", &detail);
+            }
+        }
+        self.stats.answered(response.status());
+        // The client's own version: an HTTP/1.0 upstream's answer goes out as 1.1 to a 1.1
+        // client.
+        *response.version_mut() = version;
+        let idle = self.idle_timeout;
+        response.map(|body| ServeBody::Upstream {
+            body: IdleBody::new(body, idle),
+            held: None,
+        })
+    }
+
+    /// The answer to a request the upstream did not take: 502, 504 for a connect timeout, 408
+    /// when the client's own body stalled.
+    fn failed(&self, target: &UpstreamUrl, error: &hyper_util::client::legacy::Error) -> Response<ServeBody> {
+        if find::<body::IdleTimeout>(error).is_some() {
+            let detail = format!("the request body paused longer than {:?}", self.idle_timeout);
+            return self.own_answer(StatusCode::REQUEST_TIMEOUT, "Request timeout", &detail);
+        }
+        let (failure, status, title) = match find::<ConnectError>(error) {
+            Some(ConnectError::TimedOut(_)) => (
+                Failure::ConnectTimeout,
+                StatusCode::GATEWAY_TIMEOUT,
+                "Gateway timeout",
+            ),
+            Some(_) => (Failure::Connect, StatusCode::BAD_GATEWAY, "Bad gateway"),
+            None => (Failure::Broken, StatusCode::BAD_GATEWAY, "Bad gateway"),
+        };
+        self.stats.failed(failure);
+        let cause = match find::<ConnectError>(error) {
+            Some(cause) => cause.to_string(),
+            None => describe(error),
+        };
+        tracing::debug!(upstream = %target.authority, "upstream failed: {cause}");
+        self.own_answer(status, title, &format!("{}: {cause}", target.authority))
+    }
+
+    /// An answer made here, counted with the upstream's.
+    fn own_answer(&self, status: StatusCode, title: &str, detail: &str) -> Response<ServeBody> {
+        self.stats.answered(status);
+        own_problem(status, title, detail)
+    }
+}
+
+/// A problem+json answer.
+fn own_problem(status: StatusCode, title: &str, detail: &str) -> Response<ServeBody> {
+    sluice_http::problem(status, title, detail).map(|text| ServeBody::from(Bytes::from(text)))
+}
+
+/// The first error of type `E` in `error`'s chain.
+fn find<'a, E: std::error::Error + 'static>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a E> {
+    let mut at = Some(error);
+    while let Some(error) = at {
+        if let Some(found) = error.downcast_ref::<E>() {
+            return Some(found);
+        }
+        at = error.source();
+    }
+    None
+}
+
+/// `error` and its causes, `: `-joined.
+fn describe(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut at = error.source();
+    while let Some(cause) = at {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        at = cause.source();
+    }
+    text
+}
+
+impl tower_service::Service<Request<Incoming>> for Backend {
+    type Response = Response<ServeBody>;
+    type Error = Infallible;
+    type Future = Answer;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Incoming>) -> Answer {
+        match self {
+            Backend::Hello => Answer::Now(ready(Ok(Response::new(ServeBody::from("Hello World!"))))),
+            Backend::Proxy(proxy) => Answer::Forwarded(Box::pin(Arc::clone(proxy).forward(request))),
+        }
+    }
+}
+
+/// The backend's answer: at once (the demo), or the upstream's.
+pub enum Answer {
+    /// Made at once.
+    Now(Ready<Result<Response<ServeBody>, Infallible>>),
+    /// Forwarded: boxed, as the exchange's state is large.
+    Forwarded(Pin<Box<dyn Future<Output = Response<ServeBody>> + Send>>),
+}
+
+impl Future for Answer {
+    type Output = Result<Response<ServeBody>, Infallible>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            Answer::Now(ready) => Pin::new(ready).poll(cx),
+            Answer::Forwarded(future) => future.as_mut().poll(cx).map(Ok),
+        }
+    }
+}
