@@ -30,10 +30,10 @@
 # Both keep upstream connections alive, at most POOL idle ones each: sluice's
 # `upstream.max_idle`, nginx's `keepalive` in its `upstream` block (with HTTP/1.1 and
 # `Connection ""`). POOL is CONNECTIONS by default, so both can keep every connection a run
-# has busy at once. With fewer (POOL=64 is sluice's default: its line is then the plain
-# `upstream: URL`, and nginx gets keepalive 64), each closes the surplus as answers come back
-# and connects again later: at -c100 one new upstream connection every 6 to 20 requests, on both sides, and the
-# run measures connection setup as much as forwarding. The "upstream conns" column, the
+# has busy at once (sluice's default, 256, would do too). With fewer (POOL=64: nginx gets
+# keepalive 64), each closes the surplus as answers come back and connects again later: at
+# -c100 one new upstream connection every 6 to 20 requests, on both sides, and the run
+# measures connection setup as much as forwarding. The "upstream conns" column, the
 # connections the upstream accepted in a run, shows it (with POOL=CONNECTIONS, a few at most:
 # a proxy closes the connections of the requests wrk cuts off when it stops).
 #
@@ -164,14 +164,9 @@ NGINX_URL=http://127.0.0.1:$NGINX_PROXY_PORT/
 start_nginx nginx "$NGINX_URL"
 nginx_pids=$(pgrep -P "$master" | tr '\n' ' ')
 
-# sluice as the proxy: the benchmarks' config, forwarding to the upstream (max_idle: 64 when
-# left out).
+# sluice as the proxy: the benchmarks' config, forwarding to the upstream.
 write_bench_config "$tmp/sluice.yaml"
-if [ "$POOL" = 64 ]; then
-  echo "upstream: http://127.0.0.1:$UPSTREAM_PORT" >>"$tmp/sluice.yaml"
-else
-  echo "upstream: {url: 'http://127.0.0.1:$UPSTREAM_PORT', max_idle: $POOL}" >>"$tmp/sluice.yaml"
-fi
+echo "upstream: {url: 'http://127.0.0.1:$UPSTREAM_PORT', max_idle: $POOL}" >>"$tmp/sluice.yaml"
 "$SLUICE" serve "${sluice_threads[@]}" --config "$tmp/sluice.yaml" --listen 127.0.0.1:0 \
   >"$tmp/sluice.out" 2>"$tmp/sluice.err" &
 sluice_pid=$!

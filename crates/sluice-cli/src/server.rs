@@ -108,6 +108,13 @@ pub async fn serve(
         .map_err(|source| ServeError::Bind { addr, source })?;
     let field = url_field(options.redis_url.as_deref());
     let app = Arc::new(ArcSwap::from_pointee(App::new(&options.settings, field).await?));
+    if let Some(upstream) = &options.settings.upstream {
+        let routes: Vec<String> = (upstream.routes.iter())
+            .map(|route| format!("{} -> {}", route.prefix, route.url))
+            .chain(upstream.default.iter().map(|url| format!("* -> {url}")))
+            .collect();
+        tracing::info!("forwarding admitted requests: {}", routes.join(", "));
+    }
     let connection_limit = ConnectionLimit::new(options.settings.max_connections);
     if connection_limit.exceeds_descriptors() {
         tracing::warn!("{connection_limit}");

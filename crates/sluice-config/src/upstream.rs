@@ -23,7 +23,7 @@ pub const DEFAULT_UPSTREAM_HEAD_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// `upstream.max_idle` when left out.
-pub const DEFAULT_UPSTREAM_MAX_IDLE: usize = 64;
+pub const DEFAULT_UPSTREAM_MAX_IDLE: usize = 256;
 
 /// The longest of each timeout.
 const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
@@ -48,7 +48,7 @@ const URL_FORM: &str = "an upstream is http://HOST[:PORT] or https://HOST[:PORT]
 /// use sluice_config::{HostHeader, UpstreamSettings};
 /// let s: UpstreamSettings = sluice_config::parse("upstream: http://127.0.0.1:3000\n")?.upstream.unwrap();
 /// assert_eq!(s.default.as_ref().unwrap().to_string(), "http://127.0.0.1:3000");
-/// assert_eq!((s.routes.len(), s.host, s.max_idle), (0, HostHeader::Keep, 64));
+/// assert_eq!((s.routes.len(), s.host, s.max_idle), (0, HostHeader::Keep, 256));
 /// let s = sluice_config::parse(
 ///     "upstream:\n  routes:\n    - {prefix: /api/, url: 'http://127.0.0.1:3001'}\n    - {prefix: /api/v2/, url: 'https://v2.internal'}\n",
 /// )?.upstream.unwrap();

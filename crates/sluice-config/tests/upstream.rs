@@ -45,7 +45,7 @@ fn the_shorthand_sends_everything_to_one_url_with_every_default() {
             connect_timeout: Duration::from_secs(5),
             head_timeout: Duration::from_secs(60),
             idle_timeout: Duration::from_secs(60),
-            max_idle: 64,
+            max_idle: 256,
         }
     );
     // The same as the map with `url` alone.

@@ -88,25 +88,39 @@ pub fn write_forwarding(headers: &mut HeaderMap, client: &Client) {
             headers.remove(name);
         }
     }
-    let mut text = String::with_capacity(64);
-    let _ = write!(text, "{}", client.peer.to_canonical());
-    if let Ok(value) = HeaderValue::from_str(&text) {
-        headers.append(X_FORWARDED_FOR.clone(), value);
-    }
-    text.clear();
-    match client.peer.to_canonical() {
-        IpAddr::V4(ip) => {
-            let _ = write!(text, "for={ip};proto={}", client.scheme);
-        }
-        IpAddr::V6(ip) => {
-            let _ = write!(text, "for=\"[{ip}]\";proto={}", client.scheme);
-        }
-    }
-    if let Ok(value) = HeaderValue::from_str(&text) {
-        headers.append(FORWARDED, value);
+    let peer = client.peer.to_canonical();
+    extend(headers, &X_FORWARDED_FOR, format_args!("{peer}"));
+    match peer {
+        IpAddr::V4(ip) => extend(
+            headers,
+            &FORWARDED,
+            format_args!("for={ip};proto={}", client.scheme),
+        ),
+        IpAddr::V6(ip) => extend(
+            headers,
+            &FORWARDED,
+            format_args!("for=\"[{ip}]\";proto={}", client.scheme),
+        ),
     }
     if !headers.contains_key(&X_FORWARDED_PROTO) {
         headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(client.scheme));
+    }
+}
+
+/// Ends the list in `name` with `hop`, as one line (`a, b, hop`): an application that reads
+/// only a header's first line still sees the whole list.
+fn extend(headers: &mut HeaderMap, name: &HeaderName, hop: std::fmt::Arguments<'_>) {
+    let mut text = String::with_capacity(64);
+    for line in headers.get_all(name) {
+        // A trusted proxy's line: visible ASCII, or the client-IP check refused it already.
+        if let Ok(line) = line.to_str() {
+            text.push_str(line);
+            text.push_str(", ");
+        }
+    }
+    let _ = text.write_fmt(hop);
+    if let Ok(value) = HeaderValue::from_str(&text) {
+        headers.insert(name.clone(), value);
     }
 }
 
@@ -114,6 +128,9 @@ pub fn write_forwarding(headers: &mut HeaderMap, client: &Client) {
 /// it), or removed so the client writes the upstream's, the client's then in
 /// `X-Forwarded-Host`.
 pub fn set_host(headers: &mut HeaderMap, authority: Option<&http::uri::Authority>, keep: bool) {
+    if keep && headers.contains_key(&HOST) {
+        return;
+    }
     let client_host = match headers.get(&HOST) {
         Some(host) => Some(host.clone()),
         None => authority.and_then(|authority| HeaderValue::from_str(authority.as_str()).ok()),
@@ -210,7 +227,7 @@ mod tests {
             scheme: "http",
         };
         write_forwarding(&mut map, &client);
-        assert_eq!(values(&map, "x-forwarded-for"), ["203.0.113.9", "10.0.0.1"]);
+        assert_eq!(values(&map, "x-forwarded-for"), ["203.0.113.9, 10.0.0.1"]);
         assert_eq!(values(&map, "x-forwarded-proto"), ["https"]);
         assert_eq!(values(&map, "forwarded"), ["for=10.0.0.1;proto=http"]);
         let v6 = Client {
