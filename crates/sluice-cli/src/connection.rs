@@ -20,16 +20,23 @@ pub trait Closable: Future {
     fn close_gracefully(self: Pin<&mut Self>);
 }
 
-/// The requests started and answered on one connection, counted by its handler.
+/// The requests started and answered on one connection, counted by its handler, and the
+/// frames of the upstream bodies it streams.
 #[derive(Debug, Default)]
 pub struct Activity {
     started: AtomicU64,
     answered: AtomicU64,
+    /// Frames of upstream bodies handed to the connection.
+    frames: AtomicU64,
+    /// Upstream bodies whose last frame the connection has not come back for: a client that
+    /// does not read.
+    unread: AtomicU64,
 }
 
 impl Activity {
-    /// Counts a request. One connection's requests are handled one at a time, so a load and a
-    /// store do (no locked instruction on the request path).
+    /// Counts a request. One connection is served on one thread (each serving thread runs its
+    /// own single-threaded runtime, its HTTP/2 streams included), so a load and a store do (no
+    /// locked instruction on the request path).
     pub fn started(&self) {
         bump(&self.started);
     }
@@ -43,29 +50,66 @@ impl Activity {
         self.started.load(Ordering::Relaxed)
     }
 
-    /// Whether a request is being answered: one waiting for capacity (`on_excess: wait`) may
-    /// take longer than the idle timeout, and must not be cut by it.
+    /// What changes while the connection makes progress: requests started, frames written.
+    fn progress(&self) -> u64 {
+        self.count().wrapping_add(self.frames.load(Ordering::Relaxed))
+    }
+
+    /// Whether a request is being answered without the client holding it up: one waiting for
+    /// capacity (`on_excess: wait`) or for an upstream (each bounded by its own timeout) may
+    /// take longer than the idle timeout, and must not be cut by it; a body the client has
+    /// stopped reading is the client's stall.
     fn in_flight(&self) -> bool {
-        self.answered.load(Ordering::Relaxed) != self.count()
+        self.answered.load(Ordering::Relaxed) != self.count() && self.unread.load(Ordering::Relaxed) == 0
     }
 }
 
 /// A request whose answer is not made at once (held by the limiter, or forwarded to the
 /// upstream, its body streamed), counted answered on its connection's [`Activity`] when
 /// dropped: made and handed over, or given up by a client that left.
-pub struct Held(Arc<Activity>);
+/// A streamed body tells it each frame it hands over and each time it waits for the
+/// upstream, so the idle check can tell a client that stopped reading.
+pub struct Held {
+    activity: Arc<Activity>,
+    /// A frame was handed over and the connection has not asked for the next one yet.
+    unread: bool,
+}
 
 impl Held {
     /// Marks a request of `activity` in flight.
     pub fn new(activity: &Arc<Activity>) -> Self {
-        Self(Arc::clone(activity))
+        Self {
+            activity: Arc::clone(activity),
+            unread: false,
+        }
+    }
+
+    /// A frame of the answer was handed to the connection, to write.
+    pub fn frame_sent(&mut self) {
+        bump(&self.activity.frames);
+        if !self.unread {
+            self.unread = true;
+            bump(&self.activity.unread);
+        }
+    }
+
+    /// The connection asked for more: the frames before were written.
+    pub fn asked_again(&mut self) {
+        if std::mem::take(&mut self.unread) {
+            drop_one(&self.activity.unread);
+        }
     }
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        self.0.answered();
+        self.asked_again();
+        self.activity.answered();
     }
+}
+
+fn drop_one(counter: &AtomicU64) {
+    counter.store(counter.load(Ordering::Relaxed).wrapping_sub(1), Ordering::Relaxed);
 }
 
 fn bump(counter: &AtomicU64) {
@@ -130,7 +174,9 @@ impl Connections {
     /// [`Connections::shutdown`] is called; one that has still not closed a period after that
     /// is dropped. So a client that opens a connection and sends nothing is closed after one
     /// to two periods, and one that sends a request head too slowly (slowloris) after two to
-    /// three; one whose request waits for capacity stays open until it is answered.
+    /// three; one whose request waits for capacity or for an upstream stays open until it is
+    /// answered, and one that stops reading a streamed answer is closed after two to three
+    /// periods without a frame written.
     pub fn serve<C>(
         &self,
         connection: C,
@@ -151,7 +197,7 @@ impl Connections {
                 let _ = stop.wait_for(|stop| *stop).await;
             });
             let mut idle = pin!(tokio::time::sleep(idle_timeout));
-            let mut seen = activity.count();
+            let mut seen = activity.progress();
             let mut closing = false;
             loop {
                 tokio::select! {
@@ -162,7 +208,7 @@ impl Connections {
                         closing = true;
                     }
                     () = idle.as_mut() => {
-                        let now = activity.count();
+                        let now = activity.progress();
                         if now != seen || (activity.in_flight() && !closing) {
                             seen = now;
                         } else if !closing {

@@ -73,10 +73,14 @@ impl Body for ServeBody {
         match self.get_mut() {
             Self::Own(full) => Pin::new(full).poll_frame(cx).map_err(|never| match never {}),
             Self::Upstream { body, held } => {
+                if let Some(mark) = held {
+                    mark.asked_again();
+                }
                 let frame = ready!(Pin::new(body).poll_frame(cx));
-                if !matches!(frame, Some(Ok(_))) {
+                match (&frame, held.as_mut()) {
+                    (Some(Ok(_)), Some(mark)) => mark.frame_sent(),
                     // The end, or the error that ends it: the request is answered.
-                    held.take();
+                    _ => drop(held.take()),
                 }
                 Poll::Ready(frame)
             }
