@@ -5,6 +5,7 @@
 
 pub mod certs;
 pub mod fault;
+pub mod upstream;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
