@@ -26,6 +26,7 @@ mod layer;
 pub mod proto;
 mod report;
 mod request;
+pub mod rlqs;
 #[cfg(feature = "grpc")]
 mod rls;
 mod rls_message;
