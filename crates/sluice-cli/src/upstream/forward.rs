@@ -89,22 +89,59 @@ pub fn write_forwarding(headers: &mut HeaderMap, client: &Client) {
         }
     }
     let peer = client.peer.to_canonical();
-    extend(headers, &X_FORWARDED_FOR, format_args!("{peer}"));
-    match peer {
-        IpAddr::V4(ip) => extend(
-            headers,
-            &FORWARDED,
-            format_args!("for={ip};proto={}", client.scheme),
-        ),
-        IpAddr::V6(ip) => extend(
-            headers,
-            &FORWARDED,
-            format_args!("for=\"[{ip}]\";proto={}", client.scheme),
-        ),
+    if client.trusted {
+        extend(headers, &X_FORWARDED_FOR, format_args!("{peer}"));
+        match peer {
+            IpAddr::V4(ip) => extend(
+                headers,
+                &FORWARDED,
+                format_args!("for={ip};proto={}", client.scheme),
+            ),
+            IpAddr::V6(ip) => extend(
+                headers,
+                &FORWARDED,
+                format_args!("for=\"[{ip}]\";proto={}", client.scheme),
+            ),
+        }
+    } else {
+        let (for_value, forwarded) = own_hop(peer, client.scheme);
+        headers.insert(X_FORWARDED_FOR.clone(), for_value);
+        headers.insert(FORWARDED, forwarded);
     }
     if !headers.contains_key(&X_FORWARDED_PROTO) {
         headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(client.scheme));
     }
+}
+
+/// The `X-Forwarded-For` and `Forwarded` values of a client sluice saw directly. The last
+/// client's are kept on the thread: the requests of one keep-alive connection, and of one
+/// address, reuse them (a reference count, not a new string each).
+fn own_hop(peer: IpAddr, scheme: &'static str) -> (HeaderValue, HeaderValue) {
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<(IpAddr, &'static str, HeaderValue, HeaderValue)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    LAST.with_borrow_mut(|last| {
+        if let Some((ip, proto, for_value, forwarded)) = last.as_ref()
+            && *ip == peer
+            && *proto == scheme
+        {
+            return (for_value.clone(), forwarded.clone());
+        }
+        let for_value = header_value(format!("{peer}"));
+        let forwarded = header_value(match peer {
+            IpAddr::V4(ip) => format!("for={ip};proto={scheme}"),
+            IpAddr::V6(ip) => format!("for=\"[{ip}]\";proto={scheme}"),
+        });
+        *last = Some((peer, scheme, for_value.clone(), forwarded.clone()));
+        (for_value, forwarded)
+    })
+}
+
+/// A header value of text made here (an address, `for=…`): always visible ASCII.
+fn header_value(text: String) -> HeaderValue {
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(text))
+        .unwrap_or_else(|_| HeaderValue::from_static("unknown"))
 }
 
 /// Ends the list in `name` with `hop`, as one line (`a, b, hop`): an application that reads
