@@ -487,3 +487,101 @@ fn limits_are_shared_through_a_redis_that_speaks_tls_only() {
         .unwrap();
     assert!(!out.status.success(), "started without a client certificate");
 }
+
+/// A TLS acceptor for `cert`/`key` (PEM), offering `http/1.1`.
+fn acceptor(cert: &str, key: &str) -> tokio_rustls::TlsAcceptor {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![CertificateDer::from_pem_slice(cert.as_bytes()).unwrap()],
+            PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
+        )
+        .unwrap();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
+}
+
+#[test]
+fn the_proxy_speaks_https_to_its_upstream_and_http2_to_clients_that_ask_by_alpn() {
+    let (dir, ca) = certificates();
+    let (cert, key) = ca.issue(&["localhost"], ExtendedKeyUsagePurpose::ServerAuth);
+    let upstream = common::upstream::Upstream::start_tls("secure", acceptor(&cert, &key));
+    let config = dir.write(
+        "proxy.yaml",
+        &format!(
+            "tls: {{cert: cert.pem, key: key.pem}}\nclient_tls: {{ca: ca.pem}}\naccounts: {{tester: 1000/s}}\n\
+             upstream: 'https://localhost:{}'\n",
+            upstream.addr.port()
+        ),
+    );
+    let server = Server::start(&["--config", config.to_str().unwrap()]);
+
+    // HTTP/2 by ALPN, to the same HTTP/1.1 upstream over TLS.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        use http_body_util::BodyExt;
+        let connect = |alpn: &[&[u8]]| {
+            let mut config = (*client_config(&ca, None)).clone();
+            config.alpn_protocols = alpn.iter().map(|name| name.to_vec()).collect();
+            let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+            async move {
+                let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+                let name = ServerName::try_from("localhost").unwrap();
+                connector.connect(name, tcp).await.unwrap()
+            }
+        };
+        let request = || {
+            http::Request::get("https://localhost/headers")
+                .header("host", "localhost")
+                .header("x-account-id", "tester")
+                .body(http_body_util::Empty::<bytes::Bytes>::new())
+                .unwrap()
+        };
+
+        // HTTP/1.1: no ALPN asked.
+        let tls = connect(&[]).await;
+        assert_eq!(tls.get_ref().1.alpn_protocol(), None);
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+                .await
+                .unwrap();
+        tokio::spawn(connection);
+        let answer = sender.send_request(request()).await.unwrap();
+        assert_eq!(answer.status().as_u16(), 200);
+        assert_eq!(answer.headers()["x-upstream"], "secure");
+        let body = answer.into_body().collect().await.unwrap().to_bytes();
+        let text = String::from_utf8_lossy(&body);
+        assert!(
+            text.contains("\nx-forwarded-proto: https\n"),
+            "the client came over TLS: {text}"
+        );
+
+        // HTTP/2 by ALPN, to the same HTTP/1.1 upstream over TLS.
+        let tls = connect(&[b"h2", b"http/1.1"]).await;
+        assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+        let (mut sender, connection) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(tls),
+        )
+        .await
+        .unwrap();
+        tokio::spawn(connection);
+        let mut h2_request = request();
+        h2_request.headers_mut().remove("host");
+        let answer = sender.send_request(h2_request).await.unwrap();
+        assert_eq!(
+            (answer.version(), answer.status().as_u16()),
+            (http::Version::HTTP_2, 200)
+        );
+        assert_eq!(answer.headers()["x-upstream"], "secure");
+        let body = answer.into_body().collect().await.unwrap().to_bytes();
+        let text = String::from_utf8_lossy(&body);
+        assert!(text.starts_with("GET /headers HTTP/1.1\n"), "{text}");
+    });
+}

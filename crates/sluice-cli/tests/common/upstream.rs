@@ -102,6 +102,8 @@ impl std::fmt::Display for Digest {
 /// The test application: an HTTP/1.1 server on a free local port until dropped.
 pub struct Upstream {
     pub addr: SocketAddr,
+    /// Whether it speaks TLS (`https://`).
+    tls: bool,
     state: Arc<State>,
     runtime: Option<tokio::runtime::Runtime>,
 }
@@ -115,6 +117,15 @@ struct State {
 impl Upstream {
     /// Serves, naming itself `name` in `X-Upstream`.
     pub fn start(name: &str) -> Self {
+        Self::start_with(name, None)
+    }
+
+    /// Serves over TLS with `acceptor`'s certificate.
+    pub fn start_tls(name: &str, acceptor: tokio_rustls::TlsAcceptor) -> Self {
+        Self::start_with(name, Some(acceptor))
+    }
+
+    fn start_with(name: &str, tls: Option<tokio_rustls::TlsAcceptor>) -> Self {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -132,16 +143,19 @@ impl Upstream {
             let _in_runtime = runtime.enter();
             tokio::net::TcpListener::from_std(listener).unwrap()
         };
-        runtime.spawn(serve(listener, Arc::clone(&state)));
+        let https = tls.is_some();
+        runtime.spawn(serve(listener, Arc::clone(&state), tls));
         Self {
             addr,
+            tls: https,
             state,
             runtime: Some(runtime),
         }
     }
 
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// Requests received for `path` (the path alone, without the query).
@@ -168,19 +182,33 @@ impl Drop for Upstream {
     }
 }
 
-async fn serve(listener: tokio::net::TcpListener, state: Arc<State>) {
+async fn serve(listener: tokio::net::TcpListener, state: Arc<State>, tls: Option<tokio_rustls::TlsAcceptor>) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let state = Arc::clone(&state);
+        let (state, tls) = (Arc::clone(&state), tls.clone());
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |request| answer(request, Arc::clone(&state)));
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .with_upgrades()
-                .await;
+            let builder = hyper::server::conn::http1::Builder::new();
+            let _ = match tls {
+                None => {
+                    builder
+                        .serve_connection(TokioIo::new(stream), service)
+                        .with_upgrades()
+                        .await
+                }
+                Some(tls) => match tls.accept(stream).await {
+                    Ok(stream) => {
+                        builder
+                            .serve_connection(TokioIo::new(stream), service)
+                            .with_upgrades()
+                            .await
+                    }
+                    Err(_) => return,
+                },
+            };
         });
     }
 }
