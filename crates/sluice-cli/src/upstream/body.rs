@@ -18,32 +18,45 @@ use crate::connection::Held;
 /// What a body's frames fail with.
 pub type BoxError = Box<dyn StdError + Send + Sync>;
 
-/// A response body: made here, or streamed from the upstream.
+/// A response body: made here, or streamed from the upstream. The upstream's is boxed, so a
+/// body made here is moved about no larger than a `Full<Bytes>`.
 pub enum ServeBody {
     /// Made here, whole.
     Own(Full<Bytes>),
-    /// The upstream's, streamed; `held` marks the request in flight on its connection until
-    /// the body ends or is dropped, so the connection's idle check does not cut a long
-    /// download.
-    Upstream {
-        /// The upstream's body, its pauses bounded.
-        body: IdleBody<Incoming>,
-        /// The connection's mark of a request being answered.
-        held: Option<Held>,
-    },
+    /// The upstream's, streamed.
+    Upstream(Box<UpstreamBody>),
+}
+
+/// The upstream's body, and the mark of its request in flight.
+pub struct UpstreamBody {
+    /// The upstream's body, its pauses bounded.
+    body: IdleBody<Incoming>,
+    /// Marks the request in flight on its connection until the body ends or is dropped, so
+    /// the connection's idle check does not cut a long download.
+    held: Option<Held>,
 }
 
 impl ServeBody {
+    /// The upstream's `body`, its pauses bounded by `idle`.
+    pub fn upstream(body: Incoming, idle: Duration) -> Self {
+        Self::Upstream(Box::new(UpstreamBody {
+            body: IdleBody::new(body, idle),
+            held: None,
+        }))
+    }
+
     /// Carries `held` until this body is done (dropped at once for a body made here: it is
     /// written in one go).
+    #[inline]
     pub fn hold(&mut self, mark: Held) {
-        if let Self::Upstream { held, .. } = self {
-            *held = Some(mark);
+        if let Self::Upstream(upstream) = self {
+            upstream.held = Some(mark);
         }
     }
 }
 
 impl From<&'static str> for ServeBody {
+    #[inline]
     fn from(text: &'static str) -> Self {
         Self::Own(Full::new(Bytes::from_static(text.as_bytes())))
     }
@@ -72,7 +85,8 @@ impl Body for ServeBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
             Self::Own(full) => Pin::new(full).poll_frame(cx).map_err(|never| match never {}),
-            Self::Upstream { body, held } => {
+            Self::Upstream(upstream) => {
+                let UpstreamBody { body, held } = upstream.as_mut();
                 if let Some(mark) = held {
                     mark.asked_again();
                 }
@@ -87,17 +101,19 @@ impl Body for ServeBody {
         }
     }
 
+    #[inline]
     fn is_end_stream(&self) -> bool {
         match self {
             Self::Own(full) => full.is_end_stream(),
-            Self::Upstream { body, .. } => body.is_end_stream(),
+            Self::Upstream(upstream) => upstream.body.is_end_stream(),
         }
     }
 
+    #[inline]
     fn size_hint(&self) -> SizeHint {
         match self {
             Self::Own(full) => full.size_hint(),
-            Self::Upstream { body, .. } => body.size_hint(),
+            Self::Upstream(upstream) => upstream.body.size_hint(),
         }
     }
 }

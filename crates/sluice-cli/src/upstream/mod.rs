@@ -184,10 +184,7 @@ impl Proxy {
         // client.
         *response.version_mut() = version;
         let idle = self.idle_timeout;
-        response.map(|body| ServeBody::Upstream {
-            body: IdleBody::new(body, idle),
-            held: None,
-        })
+        response.map(|body| ServeBody::upstream(body, idle))
     }
 
     /// The answer to a request the upstream did not take: 502, 504 for a connect timeout, 408
@@ -260,6 +257,7 @@ impl tower_service::Service<Request<Incoming>> for Backend {
         Poll::Ready(Ok(()))
     }
 
+    #[inline]
     fn call(&mut self, request: Request<Incoming>) -> Answer {
         match self {
             Backend::Hello => Answer::Now(ready(Ok(Response::new(ServeBody::from("Hello World!"))))),
