@@ -4,8 +4,8 @@
 //! fetches, Redis) through `prometheus-client`. Labels are rule places and names from the
 //! config, never request keys.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
 use prometheus_client::collector::Collector;
@@ -14,6 +14,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
+use sluice_service::rlqs::Quotas;
 use sluice_service::{Engine, FrontEnd, LatencySnapshot, RuleCounts, RuleReport};
 
 use crate::app::App;
@@ -40,6 +41,8 @@ pub struct HostState {
     pub rules_service_down: AtomicBool,
     /// `metrics: {per_rule: false}` in the config in force: decisions counted per domain.
     pub metrics_per_domain: AtomicBool,
+    /// The buckets of RLQS streams (`rls.rlqs`), once the service serves them.
+    pub rlqs: OnceLock<Arc<Quotas>>,
 }
 
 /// Everything the admin listener reads.
@@ -442,6 +445,9 @@ impl Collector for Observed {
                 clamp(state.rules_revision.load(Relaxed)),
             )?;
         }
+        if let Some(quotas) = state.rlqs.get() {
+            encode_rlqs(&mut encoder, quotas)?;
+        }
         let app = self.app.load();
         let room = app.wait_room();
         lone_gauge(
@@ -538,5 +544,21 @@ fn encode_upstream(
         read.count,
         &read.buckets,
         None,
+    )
+}
+
+/// RLQS (`rls.rlqs`): its streams and the buckets they share.
+fn encode_rlqs(encoder: &mut DescriptorEncoder, quotas: &Quotas) -> Result<(), std::fmt::Error> {
+    lone_gauge(
+        encoder,
+        "rlqs_streams",
+        "RLQS streams open now.",
+        clamp(quotas.streams() as u64),
+    )?;
+    lone_gauge(
+        encoder,
+        "rlqs_buckets",
+        "RLQS buckets held now: those whose rule's limit is shared among their clients (a blanket allow or deny holds none).",
+        clamp(quotas.buckets() as u64),
     )
 }

@@ -1,7 +1,7 @@
 //! The rate-limit service inside `sluice serve`: one engine on the config's descriptor rules,
-//! asked over RLS v3 gRPC (`rls.listen`) and the HTTP check API (`api.listen`), and a watcher
-//! that reloads the rules when their files change, or polls the rules service for them,
-//! keeping every counter.
+//! asked over RLS v3 gRPC (`rls.listen`, with Envoy's RLQS beside it on `rls.rlqs`) and the
+//! HTTP check API (`api.listen`), and a watcher that reloads the rules when their files
+//! change, or polls the rules service for them, keeping every counter.
 
 use std::convert::Infallible;
 use std::io::Write;
@@ -14,6 +14,7 @@ use sluice_descriptors::{LoadOptions, RuleSet};
 
 use crate::tls::{Protocol, ServerTls, TlsListener};
 use sluice_rules_client::{DEFAULT_MAX_BYTES, Fetched, PollError, Snapshot, SnapshotError};
+use sluice_service::rlqs::QuotaService;
 use sluice_service::{CheckApi, Engine, EngineSettings, RateLimitService, RedisCounters};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -80,12 +81,16 @@ pub struct Running {
     api_tls: Option<Arc<ServerTls>>,
     /// TLS on the RLS port (`rls.tls`).
     rls_tls: Option<Arc<ServerTls>>,
+    /// RLQS on the RLS port (`rls.rlqs`): one service, so one set of buckets, for every
+    /// serving thread. A client's share is the process's to give, whichever thread its
+    /// stream landed on.
+    rlqs: Option<QuotaService>,
 }
 
 /// Starts the service's listeners and rules watcher on this runtime, if the config has rules.
 /// Prints `rls listening on ADDR` and `api listening on http://ADDR/` to stdout for each
 /// listener bound; with `shared_port`, other threads may bind the same ports
-/// ([`Running::serve_here`]). Everything stops when `stop` turns true.
+/// ([`Running::serve_here`]). Everything stops when `stop` turns true, RLQS streams too.
 pub async fn start(
     settings: &Settings,
     stop: watch::Receiver<bool>,
@@ -135,8 +140,15 @@ pub async fn start(
         RulesFrom::Files { loaded, .. } => (build(loaded.0.clone()).await?, None),
         RulesFrom::Service(remote) => first_rules(remote, build, &state).await?,
     };
+    let engine = Arc::new(engine);
+    let rlqs = (service.rlqs && service.rls.is_some()).then(|| {
+        let rlqs = QuotaService::new(Arc::clone(&engine)).stopping(stop.clone());
+        // Read by the admin listener's metrics.
+        let _ = state.rlqs.set(Arc::clone(rlqs.quotas()));
+        rlqs
+    });
     let mut running = Running {
-        engine: Arc::new(engine),
+        engine,
         ready,
         rls: None,
         api: None,
@@ -154,6 +166,7 @@ pub async fn start(
                 field: "rls.tls",
                 source,
             })?,
+        rlqs,
     };
     let mut stdout = std::io::stdout().lock();
     if let Some(addr) = service.rls {
@@ -163,11 +176,16 @@ pub async fn start(
             &running.engine,
             listener,
             running.rls_tls.clone(),
+            running.rlqs.clone(),
             &running.ready,
             stop.clone(),
         );
         running.rls = Some(bound);
-        tracing::info!(%bound, "rate-limit service (Envoy RLS v3, gRPC)");
+        if running.rlqs.is_some() {
+            tracing::info!(%bound, "rate-limit service (Envoy RLS v3 and RLQS, gRPC)");
+        } else {
+            tracing::info!(%bound, "rate-limit service (Envoy RLS v3, gRPC)");
+        }
     }
     if let Some(addr) = service.api {
         let (listener, bound) = bind("api.listen", addr, shared_port)?;
@@ -215,6 +233,7 @@ impl Running {
                 &self.engine,
                 crate::server::bind(addr, true)?,
                 self.rls_tls.clone(),
+                self.rlqs.clone(),
                 &self.ready,
                 stop.clone(),
             );
@@ -231,16 +250,21 @@ impl Running {
     }
 }
 
+/// Serves RLS (and `rlqs`, whose clones share its buckets) on `listener` until `stop`.
 fn serve_rls(
     engine: &Arc<Engine>,
     listener: TcpListener,
     tls: Option<Arc<ServerTls>>,
+    rlqs: Option<QuotaService>,
     ready: &watch::Receiver<bool>,
     stop: watch::Receiver<bool>,
 ) {
     let mut rls = RateLimitService::new(Arc::clone(engine)).reporting(ready.clone());
     if crate::traces::on() {
         rls = rls.traced(crate::traces::request_span);
+    }
+    if let Some(rlqs) = rlqs {
+        rls = rls.with_quotas(rlqs);
     }
     tokio::spawn(async move {
         let served = match tls {

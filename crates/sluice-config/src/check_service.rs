@@ -31,6 +31,13 @@ pub(super) fn service(
     let rls_listen = (rls.and_then(|r| r.listen.as_deref()))
         .map(|listen| address("rls.listen", listen))
         .transpose()?;
+    let rlqs = rls.is_some_and(|r| r.rlqs);
+    if rlqs && rls_listen.is_none() {
+        return Err(error(
+            "rls.rlqs",
+            "is served on the RLS port: give rls.listen too",
+        ));
+    }
     let api_listen = api.map(|a| address("api.listen", &a.listen)).transpose()?;
     let api_tls = (api.and_then(|a| a.tls.as_ref()))
         .map(|raw| tls("api.tls", raw, dir))
@@ -84,6 +91,7 @@ pub(super) fn service(
     Ok(Some(ServiceSettings {
         rules,
         rls: rls_listen,
+        rlqs,
         api: api_listen,
         counting,
         headers,

@@ -84,6 +84,7 @@ pub const ENV_KEYS: &[&str] = &[
     "rls.shadow",
     "rls.quota_mode",
     "rls.dynamic_metadata",
+    "rls.rlqs",
     "rls.tls",
     "api.listen",
     "api.tls",

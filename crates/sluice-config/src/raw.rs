@@ -267,6 +267,9 @@ pub(super) struct RawRls {
     /// Answers carry dynamic metadata (envoy's `RESPONSE_DYNAMIC_METADATA`).
     #[serde(default)]
     pub dynamic_metadata: bool,
+    /// Envoy's quota streaming (RLQS) served on the RLS port too.
+    #[serde(default)]
+    pub rlqs: bool,
     /// TLS on the RLS port.
     #[serde(default)]
     pub tls: Option<RawTls>,

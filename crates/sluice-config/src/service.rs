@@ -22,6 +22,25 @@ pub struct ServiceSettings {
     pub rules: RulesFrom,
     /// Where the RLS v3 gRPC service listens, if anywhere.
     pub rls: Option<SocketAddr>,
+    /// `rls.rlqs` (default `false`): Envoy's Rate Limit Quota Service (RLQS,
+    /// `StreamRateLimitQuotas`) on the RLS port too, on the same rules. It needs `rls.listen`.
+    ///
+    /// ```
+    /// let rlqs = |rls: &str| {
+    ///     let file = format!("rules: {{url: http://127.0.0.1:8083}}\nrls: {rls}\n");
+    ///     sluice_config::parse(&file).map(|settings| settings.service.map(|s| s.rlqs))
+    /// };
+    /// assert_eq!(rlqs("{listen: 127.0.0.1:8081, rlqs: true}")?, Some(true));
+    /// assert_eq!(rlqs("{listen: 127.0.0.1:8081, rlqs: false}")?, Some(false));
+    /// assert_eq!(rlqs("{listen: 127.0.0.1:8081}")?, Some(false));
+    /// // Not a boolean.
+    /// assert!(rlqs("{listen: 127.0.0.1:8081, rlqs: sometimes}").is_err());
+    /// // Served on the RLS port: without one there is nowhere to serve it.
+    /// let e = rlqs("{rlqs: true}").unwrap_err();
+    /// assert_eq!(e.field, "rls.rlqs");
+    /// # Ok::<(), sluice_config::ConfigError>(())
+    /// ```
+    pub rlqs: bool,
     /// Where the HTTP check API listens, if anywhere.
     pub api: Option<SocketAddr>,
     /// TLS on the check API (`api.tls`).

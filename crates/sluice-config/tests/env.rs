@@ -82,6 +82,7 @@ fn each_variable_sets_its_key() {
     let tls_ca = format!("{{ca: {}}}", pem.display());
     let admin = [("admin.listen", "127.0.0.1:0")];
     let api = [("rules.url", "http://127.0.0.1:9"), ("api.listen", "127.0.0.1:0")];
+    let rls = [("rules.url", "http://127.0.0.1:9"), ("rls.listen", "127.0.0.1:0")];
     let otlp = [("otlp.endpoint", "http://127.0.0.1:4317")];
     let charging = [("charge_from.header", "x-usage"), ("charge_from.max", "5")];
     let upstream = [("upstream", "http://127.0.0.1:3000")];
@@ -158,6 +159,7 @@ fn each_variable_sets_its_key() {
         ("rls.shadow", "true", &url),
         ("rls.quota_mode", "true", &url),
         ("rls.dynamic_metadata", "true", &url),
+        ("rls.rlqs", "true", &rls),
         ("api.listen", "127.0.0.1:0", &url),
         ("counting", "independent", &url),
         ("merge_domains", "true", &file),

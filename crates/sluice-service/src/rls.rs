@@ -1,5 +1,5 @@
 //! Envoy's rate-limit service, v3, over gRPC: `ShouldRateLimit` answered by the engine, and
-//! the standard health service beside it.
+//! the standard health service beside it (and, if asked, RLQS, [`RateLimitService::with_quotas`]).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -13,6 +13,7 @@ use tonic::body::Body;
 use tonic::server::{Grpc, NamedService, UnaryService};
 use tonic::{Code, Status, codegen::BoxFuture};
 
+use crate::rlqs::{QuotaService, STREAM_RATE_LIMIT_QUOTAS};
 use crate::rls_message::{self, MAX_MESSAGE_BYTES};
 use crate::{Engine, proto};
 
@@ -42,6 +43,7 @@ pub struct RateLimitService {
     engine: Arc<Engine>,
     ready: Option<tokio::sync::watch::Receiver<bool>>,
     request_span: Option<RequestSpan>,
+    quotas: Option<QuotaService>,
 }
 
 /// Opens the span a request is served in, from its operation's name and its headers (where a
@@ -62,6 +64,7 @@ impl RateLimitService {
             engine,
             ready: None,
             request_span: None,
+            quotas: None,
         }
     }
 
@@ -78,6 +81,16 @@ impl RateLimitService {
     #[must_use]
     pub fn traced(mut self, open: RequestSpan) -> Self {
         self.request_span = Some(open);
+        self
+    }
+
+    /// Serves `quotas` (Envoy's RLQS) on the same server too: its streams, its message-size
+    /// limit and bounds are its own, and the health service reports it as it reports RLS. Its
+    /// streams are not traced ([`RateLimitService::traced`]): each lasts as long as its client.
+    /// To end them when the server stops, give it the same stop ([`QuotaService::stopping`]).
+    #[must_use]
+    pub fn with_quotas(mut self, quotas: QuotaService) -> Self {
+        self.quotas = Some(quotas);
         self
     }
 
@@ -115,22 +128,29 @@ impl RateLimitService {
         IE: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let (reporter, health) = tonic_health::server::health_reporter();
+        let quotas = self.quotas.clone();
+        let with_quotas = quotas.is_some();
         reporter.set_serving::<Self>().await;
+        if with_quotas {
+            reporter.set_serving::<QuotaService>().await;
+        }
         if let Some(mut ready) = self.ready.clone() {
             // Follows the host's readiness until its sender is gone.
             tokio::spawn(async move {
                 loop {
-                    if *ready.borrow_and_update() {
-                        reporter.set_serving::<Self>().await;
-                        reporter
-                            .set_service_status("", tonic_health::ServingStatus::Serving)
-                            .await;
+                    let status = if *ready.borrow_and_update() {
+                        tonic_health::ServingStatus::Serving
                     } else {
-                        reporter.set_not_serving::<Self>().await;
-                        reporter
-                            .set_service_status("", tonic_health::ServingStatus::NotServing)
-                            .await;
+                        tonic_health::ServingStatus::NotServing
+                    };
+                    reporter
+                        .set_service_status(<Self as NamedService>::NAME, status)
+                        .await;
+                    if with_quotas {
+                        let rlqs = <QuotaService as NamedService>::NAME;
+                        reporter.set_service_status(rlqs, status).await;
                     }
+                    reporter.set_service_status("", status).await;
                     if ready.changed().await.is_err() {
                         return;
                     }
@@ -139,11 +159,15 @@ impl RateLimitService {
         }
         let mut server = tonic::transport::Server::builder().max_concurrent_streams(MAX_STREAMS);
         if let Some(open) = self.request_span {
-            server = server.trace_fn(move |request| open(request.uri().path(), request.headers()));
+            server = server.trace_fn(move |request| match request.uri().path() {
+                STREAM_RATE_LIMIT_QUOTAS => tracing::Span::none(),
+                path => open(path, request.headers()),
+            });
         }
         server
             .add_service(health)
             .add_service(self)
+            .add_optional_service(quotas)
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await
     }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use http::{Request, Response};
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tonic::body::Body;
 use tonic::codegen::BoxFuture;
 use tonic::server::{Grpc, NamedService, StreamingService};
@@ -48,6 +48,7 @@ const SWEEP_EVERY: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone)]
 pub struct QuotaService {
     quotas: Arc<Quotas>,
+    stop: Option<watch::Receiver<bool>>,
 }
 
 impl QuotaService {
@@ -60,7 +61,18 @@ impl QuotaService {
     pub fn bounded(engine: Arc<Engine>, bounds: QuotaBounds) -> Self {
         Self {
             quotas: Arc::new(Quotas::new(engine, bounds)),
+            stop: None,
         }
+    }
+
+    /// Ends every stream, open or opened later, once `stop` holds true (or its sender is
+    /// gone), as a stream its client closed ends: with `OK`, each client's shares reserved
+    /// until their assignments expire. A server's graceful shutdown waits for its streams,
+    /// which otherwise last as long as their clients.
+    #[must_use]
+    pub fn stopping(mut self, stop: watch::Receiver<bool>) -> Self {
+        self.stop = Some(stop);
+        self
     }
 
     /// The buckets its streams share.
@@ -125,7 +137,8 @@ impl StreamingService<RateLimitQuotaUsageReports> for OpenStream {
             Err(e) => return std::future::ready(Err(status(&e))),
         };
         let (end, ended) = oneshot::channel();
-        tokio::spawn(read(quotas, stream, request.into_inner(), end));
+        let stop = self.0.stop.clone();
+        tokio::spawn(read(quotas, stream, request.into_inner(), end, stop));
         std::future::ready(Ok(tonic::Response::new(Outbound {
             queue: pushes,
             ended: Some(ended),
@@ -134,16 +147,25 @@ impl StreamingService<RateLimitQuotaUsageReports> for OpenStream {
 }
 
 /// Reads a stream's messages until it ends, answering each on the stream's queue; a
-/// malformed one, or a failed read, ends it with its status (sent through `end`).
+/// malformed one, or a failed read, ends it with its status (sent through `end`). Once `stop`
+/// holds true it stops reading, and the stream ends with `OK`.
 async fn read(
     quotas: Arc<Quotas>,
     mut stream: QuotaStream,
     mut inbound: Streaming<RateLimitQuotaUsageReports>,
     end: oneshot::Sender<Status>,
+    mut stop: Option<watch::Receiver<bool>>,
 ) {
     let outbox = stream.outbox.clone();
     loop {
-        let message = match inbound.message().await {
+        let next = match stop.as_mut() {
+            None => inbound.message().await,
+            Some(stop) => tokio::select! {
+                next = inbound.message() => next,
+                _ = stop.wait_for(|stop| *stop) => return,
+            },
+        };
+        let message = match next {
             Ok(Some(message)) => message,
             Ok(None) => return,
             Err(e) => {
