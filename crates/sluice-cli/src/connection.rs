@@ -141,9 +141,9 @@ impl OpenConnections {
 }
 
 /// Counts a connection as live until dropped.
-struct LiveGuard(Arc<Live>);
+pub struct Admitted(Arc<Live>);
 
-impl Drop for LiveGuard {
+impl Drop for Admitted {
     fn drop(&mut self) {
         if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.0.all_closed.notify_waiters();
@@ -169,7 +169,22 @@ impl Connections {
         OpenConnections(Arc::clone(&self.live))
     }
 
-    /// Drives `connection` to its end, closing it gracefully when it has started no request
+    /// Counts a connection just accepted as open until the returned mark is dropped: from
+    /// before its first bytes or its TLS handshake, so a drain waits for it too.
+    pub fn admit(&self) -> Admitted {
+        self.live.count.fetch_add(1, Ordering::AcqRel);
+        Admitted(Arc::clone(&self.live))
+    }
+
+    /// Completes when the server stops: a connection not yet served (its first bytes, its
+    /// handshake) is dropped then rather than waited for.
+    pub async fn stopping(&self) {
+        let mut stop = self.stop.subscribe();
+        // An error means the sender is gone: the server is going away too.
+        let _ = stop.wait_for(|stop| *stop).await;
+    }
+
+    /// Drives `connection` (counted by `admitted`) to its end, closing it gracefully when it has started no request
     /// (`activity`) for an idle period and none is being answered, or when
     /// [`Connections::shutdown`] is called; one that has still not closed a period after that
     /// is dropped. So a client that opens a connection and sends nothing is closed after one
@@ -179,6 +194,7 @@ impl Connections {
     /// periods without a frame written.
     pub fn serve<C>(
         &self,
+        admitted: Admitted,
         connection: C,
         activity: Arc<Activity>,
         idle_timeout: Duration,
@@ -186,8 +202,7 @@ impl Connections {
     where
         C: Closable<Output = Result<(), hyper::Error>> + Send + 'static,
     {
-        self.live.count.fetch_add(1, Ordering::AcqRel);
-        let guard = LiveGuard(Arc::clone(&self.live));
+        let guard = admitted;
         let mut stop = self.stop.subscribe();
         async move {
             let _guard = guard;

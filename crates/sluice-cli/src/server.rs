@@ -448,25 +448,42 @@ impl Acceptor {
                 self.connections.clone(),
                 self.idle_timeout,
             );
+            let admitted = connections.admit();
             // The first bytes or the handshake on the connection's own task, so a slow one
-            // holds up no other.
+            // holds up no other; a stop drops a connection still at that stage.
             tokio::spawn(async move {
                 let served = match tls {
-                    None => match sniff(&stream, idle_timeout).await {
-                        Ok(speaks) => {
-                            let connection = protocols.serve(stream, speaks, handler);
-                            connections.serve(connection, activity, idle_timeout).await
+                    None => {
+                        let sniffed = tokio::select! {
+                            sniffed = sniff(&stream, idle_timeout) => sniffed,
+                            () = connections.stopping() => return,
+                        };
+                        match sniffed {
+                            Ok(speaks) => {
+                                let connection = protocols.serve(stream, speaks, handler);
+                                connections
+                                    .serve(admitted, connection, activity, idle_timeout)
+                                    .await
+                            }
+                            Err(e) => return tracing::debug!("connection from {peer}: {e}"),
                         }
-                        Err(e) => return tracing::debug!("connection from {peer}: {e}"),
-                    },
-                    Some(tls) => match tls.accept(stream).await {
-                        Ok(stream) => {
-                            let speaks = negotiated(&stream);
-                            let connection = protocols.serve(stream, speaks, handler);
-                            connections.serve(connection, activity, idle_timeout).await
+                    }
+                    Some(tls) => {
+                        let handshake = tokio::select! {
+                            handshake = tls.accept(stream) => handshake,
+                            () = connections.stopping() => return,
+                        };
+                        match handshake {
+                            Ok(stream) => {
+                                let speaks = negotiated(&stream);
+                                let connection = protocols.serve(stream, speaks, handler);
+                                connections
+                                    .serve(admitted, connection, activity, idle_timeout)
+                                    .await
+                            }
+                            Err(e) => return tracing::debug!("TLS from {peer}: {e}"),
                         }
-                        Err(e) => return tracing::debug!("TLS from {peer}: {e}"),
-                    },
+                    }
                 };
                 if let Err(e) = served {
                     tracing::debug!("connection from {peer}: {e}");
