@@ -142,7 +142,14 @@ pub async fn start(
     };
     let engine = Arc::new(engine);
     let rlqs = (service.rlqs && service.rls.is_some()).then(|| {
-        let rlqs = QuotaService::new(Arc::clone(&engine)).stopping(stop.clone());
+        let rlqs = QuotaService::bounded(
+            Arc::clone(&engine),
+            sluice_service::rlqs::QuotaBounds {
+                servers: service.rlqs_servers,
+                ..sluice_service::rlqs::QuotaBounds::default()
+            },
+        )
+        .stopping(stop.clone());
         // Read by the admin listener's metrics.
         let _ = state.rlqs.set(Arc::clone(rlqs.quotas()));
         rlqs

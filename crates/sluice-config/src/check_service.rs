@@ -13,6 +13,8 @@ use super::{
     RulesFrom, RulesService, ServiceSettings, TlsSettings, duration, error,
 };
 
+/// The most RLQS servers `rls.rlqs_servers` may name.
+const MAX_RLQS_SERVERS: u32 = 1024;
 /// The rate-limit service's settings: the rules loaded and checked (their errors name the
 /// rule file and the field in it), the listeners, the counting.
 pub(super) fn service(
@@ -38,6 +40,20 @@ pub(super) fn service(
             "is served on the RLS port: give rls.listen too",
         ));
     }
+    let rlqs_servers = match rls.and_then(|r| r.rlqs_servers) {
+        None => 1,
+        Some(n) => u32::try_from(n)
+            .ok()
+            .filter(|n| (1..=MAX_RLQS_SERVERS).contains(n))
+            .ok_or_else(|| {
+                error(
+                    "rls.rlqs_servers",
+                    format!(
+                        "{n}: give the number of RLQS servers behind one address, 1 to {MAX_RLQS_SERVERS}"
+                    ),
+                )
+            })?,
+    };
     let api_listen = api.map(|a| address("api.listen", &a.listen)).transpose()?;
     let api_tls = (api.and_then(|a| a.tls.as_ref()))
         .map(|raw| tls("api.tls", raw, dir))
@@ -92,6 +108,7 @@ pub(super) fn service(
         rules,
         rls: rls_listen,
         rlqs,
+        rlqs_servers,
         api: api_listen,
         counting,
         headers,

@@ -85,6 +85,7 @@ pub const ENV_KEYS: &[&str] = &[
     "rls.quota_mode",
     "rls.dynamic_metadata",
     "rls.rlqs",
+    "rls.rlqs_servers",
     "rls.tls",
     "api.listen",
     "api.tls",

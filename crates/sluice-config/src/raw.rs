@@ -270,6 +270,10 @@ pub(super) struct RawRls {
     /// Envoy's quota streaming (RLQS) served on the RLS port too.
     #[serde(default)]
     pub rlqs: bool,
+    /// RLQS servers behind one address, each handing out its share of a limit (1 when left
+    /// out); wider than the setting so any number is refused with the range.
+    #[serde(default)]
+    pub rlqs_servers: Option<i64>,
     /// TLS on the RLS port.
     #[serde(default)]
     pub tls: Option<RawTls>,

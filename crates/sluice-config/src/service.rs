@@ -41,6 +41,22 @@ pub struct ServiceSettings {
     /// # Ok::<(), sluice_config::ConfigError>(())
     /// ```
     pub rlqs: bool,
+    /// `rls.rlqs_servers` (default 1, at most 1 024): the RLQS servers behind one address,
+    /// each owning the Envoys that stream to it; each hands out `1 / rlqs_servers` of every
+    /// limit, so together they hand out the limit. RLS answers are not affected.
+    ///
+    /// ```
+    /// let servers = |rls: &str| {
+    ///     let file = format!("rules: {{url: http://127.0.0.1:8083}}\nrls: {rls}\n");
+    ///     sluice_config::parse(&file).map(|settings| settings.service.map(|s| s.rlqs_servers))
+    /// };
+    /// assert_eq!(servers("{listen: 127.0.0.1:8081, rlqs: true}")?, Some(1));
+    /// assert_eq!(servers("{listen: 127.0.0.1:8081, rlqs: true, rlqs_servers: 3}")?, Some(3));
+    /// let e = servers("{listen: 127.0.0.1:8081, rlqs: true, rlqs_servers: 0}").unwrap_err();
+    /// assert_eq!(e.field, "rls.rlqs_servers");
+    /// # Ok::<(), sluice_config::ConfigError>(())
+    /// ```
+    pub rlqs_servers: u32,
     /// Where the HTTP check API listens, if anywhere.
     pub api: Option<SocketAddr>,
     /// TLS on the check API (`api.tls`).

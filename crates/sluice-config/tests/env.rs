@@ -160,6 +160,7 @@ fn each_variable_sets_its_key() {
         ("rls.quota_mode", "true", &url),
         ("rls.dynamic_metadata", "true", &url),
         ("rls.rlqs", "true", &rls),
+        ("rls.rlqs_servers", "3", &rls),
         ("api.listen", "127.0.0.1:0", &url),
         ("counting", "independent", &url),
         ("merge_domains", "true", &file),

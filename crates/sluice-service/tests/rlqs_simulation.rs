@@ -372,3 +372,28 @@ async fn over_a_socket() {
     let off = (total as f64 - 2.0 * LIMIT).abs() / (2.0 * LIMIT);
     assert!(off <= 0.02, "{total} admitted over two seconds");
 }
+
+#[test]
+fn servers_behind_one_address_each_hand_out_their_part_of_the_limit() {
+    for servers in [1, 4] {
+        let bounds = QuotaBounds {
+            servers,
+            ..QuotaBounds::default()
+        };
+        let quotas = Arc::new(Quotas::new(engine(), bounds));
+        let (mut stream, _pushes) = quotas.open().unwrap();
+        let mut envoy = SimEnvoy::new(1050.0, 0, 1);
+        let answer = stream
+            .report(envoy.report(1000, "sim"), Duration::from_secs(1))
+            .unwrap();
+        envoy.apply(&answer, 1000);
+        let Applied::Bucket { rate, .. } = envoy.applied else {
+            panic!("{servers} servers: {:?}", envoy.applied)
+        };
+        let part = LIMIT / f64::from(servers);
+        assert!(
+            (rate - part).abs() <= part * 0.01,
+            "{servers} servers: {rate}/s, not {part}/s"
+        );
+    }
+}

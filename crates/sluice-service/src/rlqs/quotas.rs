@@ -90,6 +90,9 @@ pub struct QuotaBounds {
     pub bucket_id_bytes: usize,
     /// Messages queued for a stream; a push that finds its queue full is dropped.
     pub queued: usize,
+    /// The RLQS servers behind one address, each owning the Envoys that stream to it: each
+    /// hands out `1 / servers` of a limit, as `local_share` does with `redis.hosts`.
+    pub servers: u32,
 }
 
 impl Default for QuotaBounds {
@@ -102,6 +105,7 @@ impl Default for QuotaBounds {
             bucket_id_entries: sluice_descriptors::MAX_DEPTH,
             bucket_id_bytes: 4096,
             queued: 16,
+            servers: 1,
         }
     }
 }
@@ -455,7 +459,7 @@ impl Quotas {
                     if quota.is_deny_all() || per_second.is_nan() || per_second <= 0.0 {
                         Policy::Deny
                     } else {
-                        Policy::Share(per_second)
+                        Policy::Share(per_second / f64::from(self.bounds.servers.max(1)))
                     }
                 }
             },
