@@ -29,6 +29,10 @@
 //! The buckets are sharded, each shard behind a mutex held while one bucket's shares are
 //! worked out: RLQS reports arrive every few seconds per client, not per request, so this is
 //! off the request path.
+//!
+//! (Over 600 lines: the shared buckets and a stream's reading of its reports against them
+//! work on the same shard, bucket and client state; apart, each would open the other's
+//! fields.)
 
 use std::collections::hash_map::Entry as MapEntry;
 use std::collections::{BTreeMap, HashMap, HashSet};
