@@ -25,6 +25,30 @@ const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Streams one HTTP/2 connection may have open at once.
 const MAX_STREAMS: u32 = 128;
 
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A service hyper can serve a connection with, in either HTTP: its futures and bodies may
+/// move to HTTP/2's stream tasks.
+pub trait ConnectionService:
+    HttpService<
+        Incoming,
+        Future: Send + 'static,
+        Error: Into<BoxError>,
+        ResBody: hyper::body::Body<Data: Send, Error: Into<BoxError>> + Send + 'static,
+    >
+{
+}
+
+impl<S> ConnectionService for S where
+    S: HttpService<
+            Incoming,
+            Future: Send + 'static,
+            Error: Into<BoxError>,
+            ResBody: hyper::body::Body<Data: Send, Error: Into<BoxError>> + Send + 'static,
+        >
+{
+}
+
 /// The HTTP a connection speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Speaks {
@@ -69,12 +93,7 @@ impl Protocols {
     pub fn serve<I, S>(&self, io: I, speaks: Speaks, service: S) -> Served<I, S>
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-        S: HttpService<Incoming> + Clone + Send + 'static,
-        S::Future: Send + 'static,
-        S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-        S::ResBody: Send + 'static,
-        <S::ResBody as hyper::body::Body>::Data: Send,
-        <S::ResBody as hyper::body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+        S: ConnectionService + Clone + Send + 'static,
     {
         let io = TokioIo::new(io);
         match speaks {
@@ -139,12 +158,7 @@ pin_project_lite::pin_project! {
 impl<I, S> std::future::Future for Served<I, S>
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    S: HttpService<Incoming>,
-    S::Future: Send + 'static,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    S::ResBody: Send + 'static,
-    <S::ResBody as hyper::body::Body>::Data: Send,
-    <S::ResBody as hyper::body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S: ConnectionService,
 {
     type Output = Result<(), hyper::Error>;
 
@@ -159,12 +173,7 @@ where
 impl<I, S> Closable for Served<I, S>
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    S: HttpService<Incoming>,
-    S::Future: Send + 'static,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    S::ResBody: Send + 'static,
-    <S::ResBody as hyper::body::Body>::Data: Send,
-    <S::ResBody as hyper::body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S: ConnectionService,
 {
     fn close_gracefully(self: Pin<&mut Self>) {
         match self.project() {

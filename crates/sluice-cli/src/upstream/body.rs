@@ -68,12 +68,6 @@ impl From<Bytes> for ServeBody {
     }
 }
 
-impl From<Full<Bytes>> for ServeBody {
-    fn from(full: Full<Bytes>) -> Self {
-        Self::Own(full)
-    }
-}
-
 impl Body for ServeBody {
     type Data = Bytes;
     type Error = BoxError;

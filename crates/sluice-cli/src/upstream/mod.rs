@@ -194,7 +194,8 @@ impl Proxy {
             let detail = format!("the request body paused longer than {:?}", self.idle_timeout);
             return self.own_answer(StatusCode::REQUEST_TIMEOUT, "Request timeout", &detail);
         }
-        let (failure, status, title) = match find::<ConnectError>(error) {
+        let connect = find::<ConnectError>(error);
+        let (failure, status, title) = match connect {
             Some(ConnectError::TimedOut(_)) => (
                 Failure::ConnectTimeout,
                 StatusCode::GATEWAY_TIMEOUT,
@@ -204,7 +205,7 @@ impl Proxy {
             None => (Failure::Broken, StatusCode::BAD_GATEWAY, "Bad gateway"),
         };
         self.stats.failed(failure);
-        let cause = match find::<ConnectError>(error) {
+        let cause = match connect {
             Some(cause) => cause.to_string(),
             None => describe(error),
         };
