@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
+use super::pool::PooledBody;
 use crate::connection::Held;
 
 /// What a body's frames fail with.
@@ -30,7 +31,7 @@ pub enum ServeBody {
 /// The upstream's body, and the mark of its request in flight.
 pub struct UpstreamBody {
     /// The upstream's body, its pauses bounded.
-    body: IdleBody<Incoming>,
+    body: IdleBody<PooledBody>,
     /// Marks the request in flight on its connection until the body ends or is dropped, so
     /// the connection's idle check does not cut a long download.
     held: Option<Held>,
@@ -38,7 +39,7 @@ pub struct UpstreamBody {
 
 impl ServeBody {
     /// The upstream's `body`, its pauses bounded by `idle`.
-    pub fn upstream(body: Incoming, idle: Duration) -> Self {
+    pub fn upstream(body: PooledBody, idle: Duration) -> Self {
         Self::Upstream(Box::new(UpstreamBody {
             body: IdleBody::new(body, idle),
             held: None,

@@ -1,16 +1,14 @@
 //! The connections to upstreams: TCP, with TLS for `https://` (trusting `client_tls`), made
-//! within the connect timeout and kept alive in hyper-util's pool.
+//! within the connect timeout (and kept alive in `pool`).
 
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::Uri;
 use hyper::rt::{Read, ReadBufCursor, Write};
-use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::rt::TokioIo;
+use sluice_config::UpstreamUrl;
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
@@ -26,9 +24,10 @@ pub struct Connector {
 /// Why a connection could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
-    /// The URI names no host (the proxy builds every URI from a checked upstream: never).
-    #[error("no host in {0}")]
-    NoHost(Uri),
+    /// The pool was not built for this upstream (the proxy builds it from every configured
+    /// upstream: never).
+    #[error("no connections are kept for {0}")]
+    Unknown(String),
     /// Not made within the connect timeout.
     #[error("no connection within {0:?}")]
     TimedOut(Duration),
@@ -37,41 +36,30 @@ pub enum ConnectError {
     Io(#[from] std::io::Error),
 }
 
-impl tower_service::Service<Uri> for Connector {
-    type Response = UpstreamStream;
-    type Error = ConnectError;
-    type Future = Pin<Box<dyn Future<Output = Result<UpstreamStream, ConnectError>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), ConnectError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, uri: Uri) -> Self::Future {
-        let (tls, timeout) = (Arc::clone(&self.tls), self.timeout);
-        Box::pin(async move {
-            let connecting = connect(uri, tls);
-            match tokio::time::timeout(timeout, connecting).await {
-                Ok(connected) => connected,
-                Err(_) => Err(ConnectError::TimedOut(timeout)),
-            }
-        })
+impl Connector {
+    /// A new connection to `upstream`, within the connect timeout.
+    pub async fn connect(&self, upstream: &UpstreamUrl) -> Result<UpstreamStream, ConnectError> {
+        match tokio::time::timeout(self.timeout, connect(upstream, &self.tls)).await {
+            Ok(connected) => connected,
+            Err(_) => Err(ConnectError::TimedOut(self.timeout)),
+        }
     }
 }
 
-async fn connect(uri: Uri, tls: Arc<rustls::ClientConfig>) -> Result<UpstreamStream, ConnectError> {
-    let host = uri.host().ok_or_else(|| ConnectError::NoHost(uri.clone()))?;
-    let https = uri.scheme() == Some(&http::uri::Scheme::HTTPS);
-    let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+async fn connect(
+    upstream: &UpstreamUrl,
+    tls: &Arc<rustls::ClientConfig>,
+) -> Result<UpstreamStream, ConnectError> {
     // A bracketed IPv6 literal connects by its address.
-    let bare = host.trim_start_matches('[').trim_end_matches(']');
-    let stream = TcpStream::connect((bare, port)).await?;
+    let bare = upstream.host().trim_start_matches('[').trim_end_matches(']');
+    let stream = TcpStream::connect((bare, upstream.port())).await?;
     stream.set_nodelay(true)?;
-    if !https {
+    if !upstream.tls {
         return Ok(UpstreamStream::Plain(TokioIo::new(stream)));
     }
     let name = rustls::pki_types::ServerName::try_from(bare.to_owned())
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    let stream = tokio_rustls::TlsConnector::from(tls)
+    let stream = tokio_rustls::TlsConnector::from(Arc::clone(tls))
         .connect(name, stream)
         .await?;
     Ok(UpstreamStream::Tls(Box::new(TokioIo::new(stream))))
@@ -83,12 +71,6 @@ pub enum UpstreamStream {
     Plain(TokioIo<TcpStream>),
     /// `https://` (boxed: a TLS session is large).
     Tls(Box<TokioIo<TlsStream<TcpStream>>>),
-}
-
-impl Connection for UpstreamStream {
-    fn connected(&self) -> Connected {
-        Connected::new()
-    }
 }
 
 impl Read for UpstreamStream {

@@ -2,7 +2,7 @@
 //! in the config a reverse proxy to the application, its bodies streamed both ways.
 //!
 //! A request the layer admits is forwarded to the upstream its path routes to, on a pooled
-//! keep-alive connection, with its hop-by-hop headers removed and the forwarding headers
+//! keep-alive connection (`pool`), with its hop-by-hop headers removed and the forwarding headers
 //! written from the client address sluice saw; the upstream's answer comes back streamed, its
 //! own status (a 429 and its `Retry-After` included) untouched. An upstream that cannot be
 //! reached is answered 502, one too slow 504, both as problem+json and counted. A request
@@ -12,6 +12,7 @@
 mod body;
 mod client;
 mod forward;
+mod pool;
 mod stats;
 mod tunnel;
 
@@ -23,11 +24,11 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::HeaderValue;
+use http::header::HOST;
 use http::uri::PathAndQuery;
 use http::{Method, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use sluice_config::{HostHeader, UpstreamSettings, UpstreamUrl};
 use sluice_http::{PeerAddr, TrustedProxies};
 use tokio::time::Instant;
@@ -37,6 +38,7 @@ pub use stats::{Failure, UpstreamSnapshot, UpstreamStats};
 pub use tunnel::ConnectionPlace;
 
 use client::{ConnectError, Connector};
+use pool::{Pool, SendError};
 
 /// How long an idle pooled connection is kept: below the keep-alive timeout of common
 /// application servers (Node's is 5 s), so sluice does not send a request on a connection
@@ -56,7 +58,7 @@ pub enum Backend {
 pub struct Proxy {
     /// Where each path goes.
     upstreams: UpstreamSettings,
-    client: Client<Connector, IdleBody<Incoming>>,
+    pool: Arc<Pool>,
     keep_host: bool,
     head_timeout: Duration,
     idle_timeout: Duration,
@@ -96,15 +98,11 @@ impl Proxy {
             tls,
             timeout: settings.connect_timeout,
         };
-        let client = Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(settings.max_idle)
-            .pool_idle_timeout(POOL_IDLE)
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .build(connector);
+        let upstreams = (settings.routes.iter().map(|route| &route.url)).chain(&settings.default);
+        let pool = Pool::new(upstreams, connector, settings.max_idle, POOL_IDLE);
         Ok(Self {
             upstreams: settings.clone(),
-            client,
+            pool,
             keep_host: settings.host == HostHeader::Keep,
             head_timeout: settings.head_timeout,
             idle_timeout: settings.idle_timeout,
@@ -145,13 +143,19 @@ impl Proxy {
         if let Some(upgrade) = &upgrade {
             forward::keep_upgrade(&mut parts.headers, upgrade.clone());
         }
+        if !parts.headers.contains_key(HOST) {
+            // Only an HTTP/1.0 client's request (or `host: upstream`) comes without one.
+            let host = HeaderValue::from_str(target.authority.as_str());
+            parts.headers.extend(host.ok().map(|host| (HOST, host)));
+        }
+        // Origin form (`/path?query`), as a request to a server (not to a proxy) is written.
         let path = (parts.uri.path_and_query().cloned()).unwrap_or_else(|| PathAndQuery::from_static("/"));
-        parts.uri = target.uri(path);
+        parts.uri = http::Uri::from(path);
         parts.version = Version::HTTP_11;
         let outgoing = Request::from_parts(parts, IdleBody::new(body, self.idle_timeout));
 
         let started = Instant::now();
-        let answer = tokio::time::timeout(self.head_timeout, self.client.request(outgoing)).await;
+        let answer = tokio::time::timeout(self.head_timeout, self.pool.send(target, outgoing)).await;
         let mut response = match answer {
             Ok(Ok(response)) => response,
             Ok(Err(e)) => return self.failed(target, &e),
@@ -171,7 +175,10 @@ impl Proxy {
                 let upstream_side = hyper::upgrade::on(&mut response);
                 tunnel::spawn(client_side, upstream_side, place);
                 self.stats.answered(StatusCode::SWITCHING_PROTOCOLS);
-                return response.map(|_| ServeBody::from(Bytes::new()));
+                return response.map(|body| {
+                    body.upgrade();
+                    ServeBody::from(Bytes::new())
+                });
             }
             (true, ..) => {
                 self.stats.failed(Failure::Broken);
@@ -189,26 +196,32 @@ impl Proxy {
 
     /// The answer to a request the upstream did not take: 502, 504 for a connect timeout, 408
     /// when the client's own body stalled.
-    fn failed(&self, target: &UpstreamUrl, error: &hyper_util::client::legacy::Error) -> Response<ServeBody> {
-        if find::<body::IdleTimeout>(error).is_some() {
-            let detail = format!("the request body paused longer than {:?}", self.idle_timeout);
-            return self.own_answer(StatusCode::REQUEST_TIMEOUT, "Request timeout", &detail);
-        }
-        let connect = find::<ConnectError>(error);
-        let (failure, status, title) = match connect {
-            Some(ConnectError::TimedOut(_)) => (
+    fn failed(&self, target: &UpstreamUrl, error: &SendError) -> Response<ServeBody> {
+        let (failure, status, title, cause) = match error {
+            SendError::Exchange(e) if find::<body::IdleTimeout>(e).is_some() => {
+                let detail = format!("the request body paused longer than {:?}", self.idle_timeout);
+                return self.own_answer(StatusCode::REQUEST_TIMEOUT, "Request timeout", &detail);
+            }
+            SendError::Connect(e @ ConnectError::TimedOut(_)) => (
                 Failure::ConnectTimeout,
                 StatusCode::GATEWAY_TIMEOUT,
                 "Gateway timeout",
+                e.to_string(),
             ),
-            Some(_) => (Failure::Connect, StatusCode::BAD_GATEWAY, "Bad gateway"),
-            None => (Failure::Broken, StatusCode::BAD_GATEWAY, "Bad gateway"),
+            SendError::Connect(e) => (
+                Failure::Connect,
+                StatusCode::BAD_GATEWAY,
+                "Bad gateway",
+                e.to_string(),
+            ),
+            SendError::Exchange(e) => (
+                Failure::Broken,
+                StatusCode::BAD_GATEWAY,
+                "Bad gateway",
+                describe(e),
+            ),
         };
         self.stats.failed(failure);
-        let cause = match connect {
-            Some(cause) => cause.to_string(),
-            None => describe(error),
-        };
         tracing::debug!(upstream = %target.authority, "upstream failed: {cause}");
         self.own_answer(status, title, &format!("{}: {cause}", target.authority))
     }
