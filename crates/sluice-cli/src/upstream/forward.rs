@@ -27,15 +27,33 @@ fn hop_by_hop() -> [&'static HeaderName; 6] {
     ]
 }
 
+/// Which of `names` `headers` has, in one walk over its names (a lookup of each would hash
+/// every name, most of them absent).
+fn present<const N: usize>(headers: &HeaderMap, names: [&HeaderName; N]) -> [bool; N] {
+    let mut found = [false; N];
+    for name in headers.keys() {
+        if let Some(at) = names.iter().position(|wanted| *wanted == name) {
+            found[at] = true;
+        }
+    }
+    found
+}
+
 /// Removes the hop-by-hop headers and those `Connection` names; returns the `Upgrade` value
 /// when `Connection` asked for an upgrade (only HTTP/1.1 has them).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, version: Version) -> Option<HeaderValue> {
+    let names = hop_by_hop();
+    let found = present(headers, names);
     let mut upgrade = None;
-    if headers.contains_key(&CONNECTION) {
+    // `CONNECTION` is the first of them. Its usual `keep-alive` and `close` name no header
+    // but the listed `Keep-Alive`: only other tokens are looked up.
+    if found[0] {
         let named: Vec<HeaderName> = (headers.get_all(&CONNECTION).iter())
             .filter_map(|value| value.to_str().ok())
             .flat_map(|value| value.split(','))
-            .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+            .map(str::trim)
+            .filter(|token| !token.eq_ignore_ascii_case("keep-alive") && !token.eq_ignore_ascii_case("close"))
+            .filter_map(|token| HeaderName::from_bytes(token.as_bytes()).ok())
             .collect();
         for name in &named {
             if name == UPGRADE && version == Version::HTTP_11 {
@@ -44,8 +62,10 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, version: Version) -> Option<Hea
             headers.remove(name);
         }
     }
-    for name in hop_by_hop() {
-        headers.remove(name);
+    for (name, found) in names.into_iter().zip(found) {
+        if found {
+            headers.remove(name);
+        }
     }
     upgrade
 }
@@ -77,36 +97,38 @@ pub struct Client {
 /// the same proxies and sluice, finds the client sluice keyed); anyone else's, and their
 /// `X-Real-IP` and `X-Forwarded-Host`, are replaced by what sluice saw.
 pub fn write_forwarding(headers: &mut HeaderMap, client: &Client) {
+    let peer = client.peer.to_canonical();
     if !client.trusted {
-        for name in [
+        let names = [
             &X_FORWARDED_FOR,
             &FORWARDED,
             &X_FORWARDED_PROTO,
             &X_REAL_IP,
             &X_FORWARDED_HOST,
-        ] {
-            headers.remove(name);
+        ];
+        for (name, found) in names.into_iter().zip(present(headers, names)) {
+            if found {
+                headers.remove(name);
+            }
         }
-    }
-    let peer = client.peer.to_canonical();
-    if client.trusted {
-        extend(headers, &X_FORWARDED_FOR, format_args!("{peer}"));
-        match peer {
-            IpAddr::V4(ip) => extend(
-                headers,
-                &FORWARDED,
-                format_args!("for={ip};proto={}", client.scheme),
-            ),
-            IpAddr::V6(ip) => extend(
-                headers,
-                &FORWARDED,
-                format_args!("for=\"[{ip}]\";proto={}", client.scheme),
-            ),
-        }
-    } else {
         let (for_value, forwarded) = own_hop(peer, client.scheme);
         headers.insert(X_FORWARDED_FOR.clone(), for_value);
         headers.insert(FORWARDED, forwarded);
+        headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(client.scheme));
+        return;
+    }
+    extend(headers, &X_FORWARDED_FOR, format_args!("{peer}"));
+    match peer {
+        IpAddr::V4(ip) => extend(
+            headers,
+            &FORWARDED,
+            format_args!("for={ip};proto={}", client.scheme),
+        ),
+        IpAddr::V6(ip) => extend(
+            headers,
+            &FORWARDED,
+            format_args!("for=\"[{ip}]\";proto={}", client.scheme),
+        ),
     }
     if !headers.contains_key(&X_FORWARDED_PROTO) {
         headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(client.scheme));
