@@ -123,3 +123,73 @@ clean_scratch() {
   wait 2>/dev/null || true
   rm -rf "$tmp"
 }
+
+# The proxy benchmarks' upstream, an nginx answering / as nginx's control in http.sh does, in
+# DIR/nginx.conf (DIR/logs made); its stub_status (a location of its own, outside the measured
+# path) counts the requests and connections it gets.
+write_nginx_upstream_config() { # dir port workers
+  mkdir -p "$1/logs"
+  cat > "$1/nginx.conf" <<EOF
+worker_processes $3;
+pid $1/nginx.pid;
+error_log $1/logs/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 100000000;
+  keepalive_timeout 3600s;
+  server {
+    listen 127.0.0.1:$2;
+    location / { return 200 "Hello World!"; }
+    location = /upstream-status { stub_status; }
+  }
+}
+EOF
+}
+
+# nginx as a rate-limiting proxy in front of the upstream on UPSTREAM_PORT, in DIR/nginx.conf:
+# one limit_req zone per account's quota (see bench/proxy.sh), limit refusals answered 429
+# and not logged, admitted requests forwarded over kept-alive connections (at most POOL idle)
+# with the forwarding headers sluice writes.
+write_nginx_proxy_config() { # dir port upstream_port pool workers
+  mkdir -p "$1/logs"
+  cat > "$1/nginx.conf" <<EOF
+worker_processes $5;
+pid $1/nginx.pid;
+error_log $1/logs/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 100000000;
+  # Each zone's key: the account's X-Account-ID for its own account, "" (not limited by that
+  # zone) for any other. Every request is checked against exactly one zone.
+  map \$http_x_account_id \$alice_key { alice@example.com \$http_x_account_id; default ""; }
+  map \$http_x_account_id \$bench_key { bench@example.com \$http_x_account_id; default ""; }
+  limit_req_zone \$alice_key zone=alice:10m rate=1r/s;
+  limit_req_zone \$bench_key zone=bench:10m rate=1000000000r/s;
+  upstream upstream_pool {
+    server 127.0.0.1:$3;
+    keepalive $4;
+    keepalive_requests 100000000;
+  }
+  server {
+    listen 127.0.0.1:$2;
+    limit_req_status 429;
+    # Refusals logged at info, below the error log's warn: nginx writes no line per refusal,
+    # as sluice writes at most denied_log (5) a second.
+    limit_req_log_level info;
+    location / {
+      limit_req zone=alice;
+      limit_req zone=bench burst=1000000000 nodelay;
+      proxy_pass http://upstream_pool;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header Host \$http_host;
+      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+      proxy_set_header Forwarded "for=\$remote_addr;proto=\$scheme";
+      proxy_set_header X-Forwarded-Proto \$scheme;
+    }
+  }
+}
+EOF
+}

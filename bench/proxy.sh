@@ -49,7 +49,11 @@
 # While a run forwards, wrk, the proxy and the upstream all want a core: on a 2-core machine
 # they share them, alike for both proxies; CPU time per request is the steadier figure.
 #
-# Usage: bench/proxy.sh [ROUNDS]   (default 5; DURATION=10s, CONNECTIONS=100, WORKERS=1,
+# Fields: with FIELDS=true (the default) sluice adds its rate-limit fields to every admitted
+# answer (`headers: true`, as `sluice serve` does unless told not to); with FIELDS=false it
+# does not (`headers: false`), and both proxies write the same headers.
+#
+# Usage: bench/proxy.sh [ROUNDS]   (default 5; DURATION=10s, CONNECTIONS=100, WORKERS=1, FIELDS=true,
 # POOL=CONNECTIONS, UPSTREAM_WORKERS=1, UPSTREAM_PORT=18491, NGINX_PROXY_PORT=18492 in the
 # environment)
 # Installs wrk and nginx from Debian if missing (needs root or sudo).
@@ -65,6 +69,11 @@ NGINX_PROXY_PORT=${NGINX_PROXY_PORT:-18492}
 POOL=${POOL:-$CONNECTIONS}
 UPSTREAM_WORKERS=${UPSTREAM_WORKERS:-1}
 WORKERS=${WORKERS:-1}
+FIELDS=${FIELDS:-true}
+case "$FIELDS" in
+  true | false) ;;
+  *) echo "bench/proxy.sh: FIELDS must be true or false, not '$FIELDS'" >&2; exit 2 ;;
+esac
 case "$WORKERS" in
   1) sluice_threads=(--threads 1); nginx_workers=1 ;;
   all) sluice_threads=(); nginx_workers=auto ;;
@@ -95,71 +104,14 @@ start_nginx() { # name url
   exit 1
 }
 
-# The upstream: answers / as nginx's control in http.sh does; its stub_status (a location of
-# its own, outside the measured path) counts the requests and connections it gets.
+# The upstream (write_nginx_upstream_config): its stub_status counts what it gets.
 UPSTREAM_STATUS=http://127.0.0.1:$UPSTREAM_PORT/upstream-status
-mkdir -p "$tmp/upstream"
-cat > "$tmp/upstream/nginx.conf" <<EOF
-worker_processes $UPSTREAM_WORKERS;
-pid $tmp/upstream/nginx.pid;
-error_log $tmp/upstream/logs/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 100000000;
-  keepalive_timeout 3600s;
-  server {
-    listen 127.0.0.1:$UPSTREAM_PORT;
-    location / { return 200 "Hello World!"; }
-    location = /upstream-status { stub_status; }
-  }
-}
-EOF
+write_nginx_upstream_config "$tmp/upstream" "$UPSTREAM_PORT" "$UPSTREAM_WORKERS"
 start_nginx upstream "$UPSTREAM_STATUS"
 upstream_workers=$(pgrep -P "$master" | tr '\n' ' ')
 
-# nginx as the proxy: one limit_req zone per account's quota (see the top), limit refusals
-# answered 429 and not logged, admitted requests forwarded over kept-alive connections.
-mkdir -p "$tmp/nginx"
-cat > "$tmp/nginx/nginx.conf" <<EOF
-worker_processes $nginx_workers;
-pid $tmp/nginx/nginx.pid;
-error_log $tmp/nginx/logs/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 100000000;
-  # Each zone's key: the account's X-Account-ID for its own account, "" (not limited by that
-  # zone) for any other. Every request is checked against exactly one zone.
-  map \$http_x_account_id \$alice_key { alice@example.com \$http_x_account_id; default ""; }
-  map \$http_x_account_id \$bench_key { bench@example.com \$http_x_account_id; default ""; }
-  limit_req_zone \$alice_key zone=alice:10m rate=1r/s;
-  limit_req_zone \$bench_key zone=bench:10m rate=1000000000r/s;
-  upstream upstream_pool {
-    server 127.0.0.1:$UPSTREAM_PORT;
-    keepalive $POOL;
-    keepalive_requests 100000000;
-  }
-  server {
-    listen 127.0.0.1:$NGINX_PROXY_PORT;
-    limit_req_status 429;
-    # Refusals logged at info, below the error log's warn: nginx writes no line per refusal,
-    # as sluice writes at most denied_log (5) a second.
-    limit_req_log_level info;
-    location / {
-      limit_req zone=alice;
-      limit_req zone=bench burst=1000000000 nodelay;
-      proxy_pass http://upstream_pool;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_set_header Host \$http_host;
-      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
-      proxy_set_header Forwarded "for=\$remote_addr;proto=\$scheme";
-      proxy_set_header X-Forwarded-Proto \$scheme;
-    }
-  }
-}
-EOF
+# nginx as the proxy (write_nginx_proxy_config, the zones described at the top).
+write_nginx_proxy_config "$tmp/nginx" "$NGINX_PROXY_PORT" "$UPSTREAM_PORT" "$POOL" "$nginx_workers"
 NGINX_URL=http://127.0.0.1:$NGINX_PROXY_PORT/
 start_nginx nginx "$NGINX_URL"
 nginx_pids=$(pgrep -P "$master" | tr '\n' ' ')
@@ -167,6 +119,7 @@ nginx_pids=$(pgrep -P "$master" | tr '\n' ' ')
 # sluice as the proxy: the benchmarks' config, forwarding to the upstream.
 write_bench_config "$tmp/sluice.yaml"
 echo "upstream: {url: 'http://127.0.0.1:$UPSTREAM_PORT', max_idle: $POOL}" >>"$tmp/sluice.yaml"
+echo "headers: $FIELDS" >>"$tmp/sluice.yaml"
 "$SLUICE" serve "${sluice_threads[@]}" --config "$tmp/sluice.yaml" --listen 127.0.0.1:0 \
   >"$tmp/sluice.out" 2>"$tmp/sluice.err" &
 sluice_pid=$!
@@ -224,7 +177,7 @@ if command -v lscpu >/dev/null; then
     line = line (line ? "; " : "") $1 ": " $2} END {if (line) print line}'
 fi
 echo "wrk -t1 -c$CONNECTIONS -d$DURATION --latency, $ROUNDS rounds, $(nproc) cores, WORKERS=$WORKERS," \
-  "upstream: nginx, $UPSTREAM_WORKERS worker(s); idle upstream connections kept $POOL"
+  "upstream: nginx, $UPSTREAM_WORKERS worker(s); idle upstream connections kept $POOL; sluice's fields $FIELDS"
 ms='function ms(v) { if (v ~ /us$/) return v / 1000; if (v ~ /ms$/) return v + 0; if (v ~ /s$/) return v * 1000; return v }'
 for round in $(seq "$ROUNDS"); do
   if ((round % 2)); then order=(0 1 2 3); else order=(1 0 3 2); fi

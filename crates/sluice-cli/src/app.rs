@@ -118,7 +118,7 @@ impl std::fmt::Display for LimiterReload {
 pub struct App {
     /// The rate-limited service.
     pub service: RateLimit<Backend>,
-    /// Whether requests need their peer address.
+    /// Whether the layer needs requests' peer address (for keys, trusted proxies).
     pub needs_peer: bool,
     /// Whether requests go to an upstream (`upstream:`), not to the demo's answer.
     pub proxying: bool,
@@ -311,13 +311,13 @@ impl App {
                     client_tls: settings.client_tls.as_ref(),
                     stats: Arc::clone(&upstream_stats),
                 };
-                Backend::Proxy(Arc::new(Proxy::new(upstream, context)?))
+                Backend::proxy(Proxy::new(upstream, context)?)
             }
         };
-        let proxying = matches!(backend, Backend::Proxy(_));
+        let proxying = backend.is_proxy();
         Ok(Self {
-            // The proxy writes the forwarding headers from the peer's address.
-            needs_peer: layer.needs_peer_addr() || proxying,
+            // The proxy is told the peer apart (`Backend::serving`).
+            needs_peer: layer.needs_peer_addr(),
             proxying,
             service: layer.layer(backend),
             limiter_settings: settings.limiter.clone(),

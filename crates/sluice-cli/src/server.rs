@@ -524,9 +524,13 @@ impl hyper::service::Service<Request<Incoming>> for Handler {
         // Only when traces are exported: the request's span, the decision's parent.
         let span = crate::traces::on()
             .then(|| crate::traces::request_span(request.method().as_str(), request.headers()));
+        let mut service = app.service.clone();
+        if app.proxying {
+            service.get_mut().serving(self.peer.ip());
+        }
         let future = match &span {
-            None => app.service.clone().call(request),
-            Some(span) => span.in_scope(|| app.service.clone().call(request)),
+            None => service.call(request),
+            Some(span) => span.in_scope(|| service.call(request)),
         };
         // Answered now unless the limiter holds it or an upstream answers: only then can the
         // answer take longer than the idle timeout, and only then is the activity carried

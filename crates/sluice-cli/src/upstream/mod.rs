@@ -18,6 +18,7 @@ mod tunnel;
 
 use std::convert::Infallible;
 use std::future::{Future, Ready, ready};
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -30,7 +31,7 @@ use http::uri::PathAndQuery;
 use http::{Method, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use sluice_config::{HostHeader, UpstreamSettings, UpstreamUrl};
-use sluice_http::{PeerAddr, TrustedProxies};
+use sluice_http::TrustedProxies;
 use tokio::time::Instant;
 
 pub use body::{IdleBody, ServeBody};
@@ -50,8 +51,31 @@ const POOL_IDLE: Duration = Duration::from_secs(4);
 pub enum Backend {
     /// The demo: `200 Hello World!`.
     Hello,
-    /// A reverse proxy.
-    Proxy(Arc<Proxy>),
+    /// A reverse proxy, and the address of the client whose request it is about to serve
+    /// (set on the per-request clone of the service, see [`Backend::serving`]).
+    Proxy(Arc<Proxy>, Option<IpAddr>),
+}
+
+impl Backend {
+    /// A reverse proxy through `proxy`.
+    pub fn proxy(proxy: Proxy) -> Self {
+        Self::Proxy(Arc::new(proxy), None)
+    }
+
+    /// Whether this is a proxy.
+    pub fn is_proxy(&self) -> bool {
+        matches!(self, Self::Proxy(..))
+    }
+
+    /// Tells the proxy whose request comes next: the forwarding headers are written from
+    /// it. Set on the service's per-request clone, it costs nothing to a request the limit
+    /// refuses (unlike an extension put in every request).
+    #[inline]
+    pub fn serving(&mut self, peer: IpAddr) {
+        if let Self::Proxy(_, client) = self {
+            *client = Some(peer);
+        }
+    }
 }
 
 /// A reverse proxy to the upstreams of the `upstream:` section.
@@ -114,7 +138,11 @@ impl Proxy {
 
     /// Forwards `request` and answers with the upstream's response, or with the error that
     /// stands for it.
-    async fn forward(self: Arc<Self>, mut request: Request<Incoming>) -> Response<ServeBody> {
+    async fn forward(
+        self: Arc<Self>,
+        peer: Option<IpAddr>,
+        mut request: Request<Incoming>,
+    ) -> Response<ServeBody> {
         if request.method() == Method::CONNECT {
             return own_problem(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -129,7 +157,6 @@ impl Proxy {
         let upgrade = forward::strip_hop_by_hop(request.headers_mut(), version);
         let client_side = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut request));
         let place = request.extensions_mut().remove::<ConnectionPlace>();
-        let peer = request.extensions().get::<PeerAddr>().map(|peer| peer.0.ip());
         let (mut parts, body) = request.into_parts();
         if let Some(peer) = peer {
             let client = forward::Client {
@@ -275,7 +302,9 @@ impl tower_service::Service<Request<Incoming>> for Backend {
     fn call(&mut self, request: Request<Incoming>) -> Answer {
         match self {
             Backend::Hello => Answer::Now(ready(Ok(Response::new(ServeBody::from("Hello World!"))))),
-            Backend::Proxy(proxy) => Answer::Forwarded(Box::pin(Arc::clone(proxy).forward(request))),
+            Backend::Proxy(proxy, peer) => {
+                Answer::Forwarded(Box::pin(Arc::clone(proxy).forward(*peer, request)))
+            }
         }
     }
 }
