@@ -17,7 +17,7 @@ mod stats;
 mod tunnel;
 
 use std::convert::Infallible;
-use std::future::{Future, Ready, ready};
+use std::future::{Future, Ready, poll_fn, ready};
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -40,6 +40,11 @@ pub use tunnel::ConnectionPlace;
 
 use client::{ConnectError, Connector};
 use pool::{Pool, SendError};
+
+/// The largest response body answered whole when it came with its head (bytes already read,
+/// so no memory is added): it is then written with the head, without the streamed body's
+/// machinery.
+const WHOLE_AT_ONCE: u64 = 16 * 1024;
 
 /// How long an idle pooled connection is kept: below the keep-alive timeout of common
 /// application servers (Node's is 5 s), so sluice does not send a request on a connection
@@ -217,8 +222,17 @@ impl Proxy {
         // The client's own version: an HTTP/1.0 upstream's answer goes out as 1.1 to a 1.1
         // client.
         *response.version_mut() = version;
-        let idle = self.idle_timeout;
-        response.map(|body| ServeBody::upstream(body, idle))
+        let (parts, mut body) = response.into_parts();
+        let whole = poll_fn(|cx| Poll::Ready(body.poll_arrived(cx, WHOLE_AT_ONCE))).await;
+        let body = match whole {
+            Some(whole) => {
+                // Its connection goes back to the pool now, not when the answer is written.
+                drop(body);
+                ServeBody::from(whole)
+            }
+            None => ServeBody::upstream(body, self.idle_timeout),
+        };
+        Response::from_parts(parts, body)
     }
 
     /// The answer to a request the upstream did not take: 502, 504 for a connect timeout, 408

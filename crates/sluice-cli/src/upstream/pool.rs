@@ -184,6 +184,7 @@ where
                         body,
                         lease,
                         ended: false,
+                        early: None,
                     }));
                 }
                 Err(mut refused) => match refused.take_message() {
@@ -284,6 +285,30 @@ pub struct PooledBody<B = OutgoingBody> {
     lease: Lease<B>,
     /// The body has ended (a chunked one does not say so itself afterwards).
     ended: bool,
+    /// What a look for a whole body (`poll_arrived`) took and did not use, for `poll_frame`.
+    early: Option<Option<Result<Frame<Bytes>, hyper::Error>>>,
+}
+
+impl<B> PooledBody<B> {
+    /// The whole body, when it is 1 to `limit` bytes long by its `Content-Length` and has
+    /// already arrived (with the head, as a short answer does): it can then be answered at
+    /// once, whole, and the connection is free for the next request. Whatever the look
+    /// yields otherwise is kept for `poll_frame`; nothing is lost or reordered.
+    pub fn poll_arrived(&mut self, cx: &mut Context<'_>, limit: u64) -> Option<Bytes> {
+        let length = (self.body.size_hint().exact()).filter(|length| (1..=limit).contains(length))?;
+        match Pin::new(&mut *self).poll_frame(cx) {
+            Poll::Pending => None,
+            Poll::Ready(Some(Ok(frame)))
+                if self.ended && frame.data_ref().is_some_and(|data| data.len() as u64 == length) =>
+            {
+                frame.into_data().ok()
+            }
+            Poll::Ready(other) => {
+                self.early = Some(other);
+                None
+            }
+        }
+    }
 }
 
 impl<B: Send + 'static> PooledBody<B> {
@@ -310,6 +335,9 @@ impl<B> Body for PooledBody<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = self.get_mut();
+        if let Some(early) = this.early.take() {
+            return Poll::Ready(early);
+        }
         if let Some(connection) = &mut this.lease.connection {
             connection.drive(cx);
         }
@@ -490,6 +518,54 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(60)).await;
         pool.reap();
         assert_eq!(pool.idle_count(), 0, "idle longer than keep_idle");
+    }
+
+    /// Polls `body` once for a whole body of at most `limit` bytes.
+    async fn arrived(body: &mut PooledBody<Empty>, limit: u64) -> Option<Bytes> {
+        poll_fn(|cx| Poll::Ready(body.poll_arrived(cx, limit))).await
+    }
+
+    #[tokio::test]
+    async fn a_short_body_that_came_with_its_head_is_taken_whole_and_frees_its_connection() {
+        let (url, accepted) = upstream("hello", usize::MAX).await;
+        let pool = pool(&url, 8, Duration::from_secs(60));
+        let mut body = pool.send(&url, get(&url)).await.unwrap().into_body();
+        assert_eq!(arrived(&mut body, 16).await.as_deref(), Some(&b"hello"[..]));
+        drop(body);
+        assert_eq!(pool.idle_count(), 1);
+
+        // Longer than the limit: left to stream, whole.
+        let mut body = pool.send(&url, get(&url)).await.unwrap().into_body();
+        assert_eq!(arrived(&mut body, 4).await, None);
+        assert_eq!(body.collect().await.unwrap().to_bytes(), "hello");
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_body_still_arriving_is_streamed_with_nothing_lost_or_reordered() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url: UpstreamUrl = format!("http://{}", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buffer = [0; 4096];
+            let _ = socket.read(&mut buffer).await.unwrap();
+            socket
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhello")
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            socket.write_all(b"world").await.unwrap();
+            let _ = socket.read(&mut buffer).await;
+        });
+        let pool = pool(&url, 8, Duration::from_secs(60));
+        let mut body = pool.send(&url, get(&url)).await.unwrap().into_body();
+        // The head may come before its first part: look until the first part is taken.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(arrived(&mut body, 16).await, None);
+        assert!(body.early.is_some(), "the first part was taken by the look");
+        assert_eq!(body.collect().await.unwrap().to_bytes(), "helloworld");
     }
 
     #[tokio::test]
