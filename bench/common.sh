@@ -124,19 +124,27 @@ clean_scratch() {
   rm -rf "$tmp"
 }
 
-# The proxy benchmarks' upstream, an nginx answering / as nginx's control in http.sh does, in
-# DIR/nginx.conf (DIR/logs made); its stub_status (a location of its own, outside the measured
-# path) counts the requests and connections it gets.
-write_nginx_upstream_config() { # dir port workers
+# Starts DIR/nginx.conf (and makes DIR/logs): WORKERS workers, no access log, keep-alive
+# connections never closed for their request count, the http block left open.
+nginx_config_start() { # dir workers
   mkdir -p "$1/logs"
   cat > "$1/nginx.conf" <<EOF
-worker_processes $3;
+worker_processes $2;
 pid $1/nginx.pid;
 error_log $1/logs/error.log warn;
 events { worker_connections 4096; }
 http {
   access_log off;
   keepalive_requests 100000000;
+EOF
+}
+
+# The proxy benchmarks' upstream, an nginx answering / as nginx's control in http.sh does, in
+# DIR/nginx.conf (DIR/logs made); its stub_status (a location of its own, outside the measured
+# path) counts the requests and connections it gets.
+write_nginx_upstream_config() { # dir port workers
+  nginx_config_start "$1" "$3"
+  cat >> "$1/nginx.conf" <<EOF
   keepalive_timeout 3600s;
   server {
     listen 127.0.0.1:$2;
@@ -152,15 +160,8 @@ EOF
 # and not logged, admitted requests forwarded over kept-alive connections (at most POOL idle)
 # with the forwarding headers sluice writes.
 write_nginx_proxy_config() { # dir port upstream_port pool workers
-  mkdir -p "$1/logs"
-  cat > "$1/nginx.conf" <<EOF
-worker_processes $5;
-pid $1/nginx.pid;
-error_log $1/logs/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 100000000;
+  nginx_config_start "$1" "$5"
+  cat >> "$1/nginx.conf" <<EOF
   # Each zone's key: the account's X-Account-ID for its own account, "" (not limited by that
   # zone) for any other. Every request is checked against exactly one zone.
   map \$http_x_account_id \$alice_key { alice@example.com \$http_x_account_id; default ""; }
