@@ -96,6 +96,44 @@ fn bodies_of_any_size_stream_both_ways_whole_in_bounded_memory() {
 }
 
 #[test]
+fn one_upstream_connection_serves_every_request_in_turn_whatever_its_body() {
+    let upstream = Upstream::start("app");
+    let dir = TempDir::new();
+    let file = dir.write("sluice.yaml", &format!("{BASE}upstream: {}\n", upstream.url()));
+    // One serving thread: one pool, so requests in turn need one connection.
+    let server = Server::start(&["--config", file.to_str().unwrap(), "--threads", "1"]);
+    for round in 0..3 {
+        for path in [
+            "/bytes-len/12",
+            "/bytes/12",
+            "/bytes-len/1048576",
+            "/bytes/1048576",
+        ] {
+            let answer = exchange(server.addr, "GET", path, Upload::None);
+            assert_eq!(
+                (answer.status, &answer.end),
+                (200, &End::Complete),
+                "{path}: {answer:?}"
+            );
+        }
+        for upload in [Upload::Length(MIB), Upload::Chunked(MIB)] {
+            let echoed = exchange(server.addr, "POST", "/echo", upload);
+            assert_eq!(
+                (echoed.status, &echoed.end),
+                (200, &End::Complete),
+                "{upload:?}: {echoed:?}"
+            );
+        }
+        let mut client = server.client();
+        for _ in 0..5 {
+            assert_eq!(client.get("/", &[TESTER]).status, 200);
+        }
+        assert_eq!(upstream.connections(), 1, "round {round}");
+    }
+    assert_eq!(upstream.total(), 3 * (4 + 2 + 5));
+}
+
+#[test]
 fn an_upload_expecting_100_continue_is_told_to_go_on() {
     // As curl sends a body over a megabyte: the head alone, then the body once told to.
     let upstream = Upstream::start("app");

@@ -112,6 +112,7 @@ struct State {
     name: String,
     hits: Mutex<HashMap<String, u64>>,
     abandoned: AtomicU64,
+    connections: AtomicU64,
 }
 
 impl Upstream {
@@ -138,6 +139,7 @@ impl Upstream {
             name: name.to_owned(),
             hits: Mutex::default(),
             abandoned: AtomicU64::new(0),
+            connections: AtomicU64::new(0),
         });
         let listener = {
             let _in_runtime = runtime.enter();
@@ -168,6 +170,11 @@ impl Upstream {
         self.state.hits.lock().unwrap().values().sum()
     }
 
+    /// Connections accepted.
+    pub fn connections(&self) -> u64 {
+        self.state.connections.load(Ordering::Relaxed)
+    }
+
     /// Bodies left half-way: uploads to `/sink` that broke off, downloads whose reader went.
     pub fn abandoned(&self) -> u64 {
         self.state.abandoned.load(Ordering::Relaxed)
@@ -188,6 +195,7 @@ async fn serve(listener: tokio::net::TcpListener, state: Arc<State>, tls: Option
             continue;
         };
         let _ = stream.set_nodelay(true);
+        state.connections.fetch_add(1, Ordering::Relaxed);
         let (state, tls) = (Arc::clone(&state), tls.clone());
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |request| answer(request, Arc::clone(&state)));
