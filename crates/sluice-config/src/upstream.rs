@@ -8,7 +8,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use http::uri::{Authority, PathAndQuery, Scheme};
+use http::uri::{Authority, Scheme};
 
 use crate::raw::RawUpstream;
 use crate::{ConfigError, duration, error};
@@ -124,8 +124,6 @@ pub enum HostHeader {
 /// assert!(url.tls);
 /// assert_eq!((url.host(), url.port()), ("assets.internal", 443));
 /// assert_eq!(url.to_string(), "https://assets.internal:443");
-/// let uri = url.uri("/a.css?v=2".parse()?);
-/// assert_eq!(uri, "https://assets.internal:443/a.css?v=2");
 /// assert!("http://127.0.0.1:3000/app".parse::<UpstreamUrl>().is_err());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -152,16 +150,6 @@ impl UpstreamUrl {
     /// `https` or `http`.
     pub fn scheme(&self) -> Scheme {
         if self.tls { Scheme::HTTPS } else { Scheme::HTTP }
-    }
-
-    /// The URI of a request for `path_and_query` on this upstream.
-    pub fn uri(&self, path_and_query: PathAndQuery) -> http::Uri {
-        let mut parts = http::uri::Parts::default();
-        parts.scheme = Some(self.scheme());
-        parts.authority = Some(self.authority.clone());
-        parts.path_and_query = Some(path_and_query);
-        // A scheme, an authority and a path make an absolute URI, always.
-        http::Uri::from_parts(parts).expect("a scheme, an authority and a path form a URI")
     }
 }
 
