@@ -89,7 +89,6 @@ pub struct Proxy {
     upstreams: UpstreamSettings,
     pool: Arc<Pool>,
     keep_host: bool,
-    head_timeout: Duration,
     idle_timeout: Duration,
     trusted: TrustedProxies,
     /// How clients reach sluice: `http` or `https`.
@@ -128,12 +127,17 @@ impl Proxy {
             timeout: settings.connect_timeout,
         };
         let upstreams = (settings.routes.iter().map(|route| &route.url)).chain(&settings.default);
-        let pool = Pool::new(upstreams, connector, settings.max_idle, POOL_IDLE);
+        let pool = Pool::new(
+            upstreams,
+            connector,
+            settings.max_idle,
+            POOL_IDLE,
+            settings.head_timeout,
+        );
         Ok(Self {
             upstreams: settings.clone(),
             pool,
             keep_host: settings.host == HostHeader::Keep,
-            head_timeout: settings.head_timeout,
             idle_timeout: settings.idle_timeout,
             trusted: context.trusted,
             scheme: if context.tls { "https" } else { "http" },
@@ -187,15 +191,9 @@ impl Proxy {
         let outgoing = Request::from_parts(parts, IdleBody::new(body, self.idle_timeout));
 
         let started = Instant::now();
-        let answer = tokio::time::timeout(self.head_timeout, self.pool.send(target, outgoing)).await;
-        let mut response = match answer {
-            Ok(Ok(response)) => response,
-            Ok(Err(e)) => return self.failed(target, &e),
-            Err(_) => {
-                self.stats.failed(Failure::HeadTimeout);
-                let detail = format!("{}: no response within {:?}", target.authority, self.head_timeout);
-                return self.own_answer(StatusCode::GATEWAY_TIMEOUT, "Gateway timeout", &detail);
-            }
+        let mut response = match self.pool.send(target, outgoing).await {
+            Ok(response) => response,
+            Err(e) => return self.failed(target, &e),
         };
         self.stats.timed(started.elapsed());
         let switching = forward::upgraded(response.status());
@@ -235,7 +233,7 @@ impl Proxy {
         Response::from_parts(parts, body)
     }
 
-    /// The answer to a request the upstream did not take: 502, 504 for a connect timeout, 408
+    /// The answer to a request the upstream did not take: 502, 504 for a connect or head timeout, 408
     /// when the client's own body stalled.
     fn failed(&self, target: &UpstreamUrl, error: &SendError) -> Response<ServeBody> {
         let (failure, status, title, cause) = match error {
@@ -248,6 +246,12 @@ impl Proxy {
                 StatusCode::GATEWAY_TIMEOUT,
                 "Gateway timeout",
                 e.to_string(),
+            ),
+            SendError::HeadTimeout(_) => (
+                Failure::HeadTimeout,
+                StatusCode::GATEWAY_TIMEOUT,
+                "Gateway timeout",
+                error.to_string(),
             ),
             SendError::Connect(e) => (
                 Failure::Connect,

@@ -28,7 +28,7 @@ use http::{Request, Response};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1::{self, SendRequest};
 use sluice_config::UpstreamUrl;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 use super::body::IdleBody;
 use super::client::{ConnectError, Connector};
@@ -55,6 +55,8 @@ pub struct Pool<B = OutgoingBody> {
     max_idle: usize,
     /// How long an idle connection is kept.
     keep_idle: Duration,
+    /// The longest from a request sent to its response head.
+    head_timeout: Duration,
 }
 
 /// A connection in an idle list.
@@ -69,6 +71,10 @@ struct Connection<B> {
     sender: SendRequest<B>,
     /// `None` once the connection has ended.
     driver: Option<Driver>,
+    /// The head timeout of the request in flight. One timer a connection, moved forward for
+    /// each request: a later deadline is set without touching the runtime's timer wheel,
+    /// where a timer made and dropped per request would be inserted and removed each time.
+    head_timer: Pin<Box<Sleep>>,
 }
 
 impl<B> Connection<B> {
@@ -101,6 +107,10 @@ pub enum SendError {
     /// request's own body failed.
     #[error(transparent)]
     Exchange(#[from] hyper::Error),
+    /// No response head within the head timeout (the exchange is dropped, and its
+    /// connection).
+    #[error("no response within {0:?}")]
+    HeadTimeout(Duration),
 }
 
 /// The serving thread a connection belongs to.
@@ -118,13 +128,15 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     /// Connections to `upstreams` (duplicates kept once), made by `connector`, at most
-    /// `max_idle` idle ones per upstream, each kept `keep_idle`. Starts the reaper on the
-    /// current runtime, if there is one; it ends with the pool.
+    /// `max_idle` idle ones per upstream, each kept `keep_idle`, a response head awaited at
+    /// most `head_timeout`. Starts the reaper on the current runtime, if there is one; it
+    /// ends with the pool.
     pub fn new<'a>(
         upstreams: impl IntoIterator<Item = &'a UpstreamUrl>,
         connector: Connector,
         max_idle: usize,
         keep_idle: Duration,
+        head_timeout: Duration,
     ) -> Arc<Self> {
         let mut lists: Vec<(UpstreamUrl, Mutex<Vec<Idle<B>>>)> = Vec::new();
         for url in upstreams {
@@ -137,6 +149,7 @@ where
             connector,
             max_idle,
             keep_idle,
+            head_timeout,
         });
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(reap(Arc::downgrade(&pool)));
@@ -145,7 +158,7 @@ where
     }
 
     /// Sends `request` (its URI in origin form, its `Host` set) to `target` and waits for the
-    /// response head. The response's body drives the connection on; the connection returns
+    /// response head, at most the head timeout once the request is sent. The response's body drives the connection on; the connection returns
     /// to the idle list when that body has ended.
     pub async fn send(
         self: &Arc<Self>,
@@ -167,12 +180,20 @@ where
                 stale += 1;
                 continue;
             }
+            let deadline = Instant::now() + self.head_timeout;
+            connection.head_timer.as_mut().reset(deadline);
             let mut answer = std::pin::pin!(connection.sender.try_send_request(request));
             let answer = poll_fn(|cx| {
                 connection.drive(cx);
-                answer.as_mut().poll(cx)
+                if let Poll::Ready(answer) = answer.as_mut().poll(cx) {
+                    return Poll::Ready(Some(answer));
+                }
+                connection.head_timer.as_mut().poll(cx).map(|()| None)
             })
             .await;
+            let Some(answer) = answer else {
+                return Err(SendError::HeadTimeout(self.head_timeout));
+            };
             match answer {
                 Ok(response) => {
                     let lease = Lease {
@@ -206,6 +227,7 @@ where
         Ok(Connection {
             sender,
             driver: Some(Box::pin(connection.with_upgrades())),
+            head_timer: Box::pin(tokio::time::sleep(self.head_timeout)),
         })
     }
 }
@@ -424,6 +446,15 @@ mod tests {
     }
 
     fn pool(url: &UpstreamUrl, max_idle: usize, keep_idle: Duration) -> Arc<Pool<Empty>> {
+        pool_waiting(url, max_idle, keep_idle, Duration::from_secs(5))
+    }
+
+    fn pool_waiting(
+        url: &UpstreamUrl,
+        max_idle: usize,
+        keep_idle: Duration,
+        head: Duration,
+    ) -> Arc<Pool<Empty>> {
         let tls = Arc::clone(
             sluice_rules_client::ClientTls::new(None, None)
                 .unwrap()
@@ -433,7 +464,7 @@ mod tests {
             tls,
             timeout: Duration::from_secs(2),
         };
-        Pool::new([url], connector, max_idle, keep_idle)
+        Pool::new([url], connector, max_idle, keep_idle, head)
     }
 
     type Empty = http_body_util::Empty<Bytes>;
@@ -566,6 +597,40 @@ mod tests {
         assert_eq!(arrived(&mut body, 16).await, None);
         assert!(body.early.is_some(), "the first part was taken by the look");
         assert_eq!(body.collect().await.unwrap().to_bytes(), "helloworld");
+    }
+
+    #[tokio::test]
+    async fn a_head_late_past_its_timeout_fails_the_exchange_and_a_kept_timer_rearms() {
+        let (url, accepted) = upstream("quick", usize::MAX).await;
+        let pool = pool_waiting(&url, 8, Duration::from_secs(60), Duration::from_millis(100));
+        assert_eq!(answer(&pool, &url).await.unwrap(), "quick");
+        // The connection's timer fires while it is idle; the next request moves it on.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert_eq!(answer(&pool, &url).await.unwrap(), "quick");
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+
+        // An upstream that reads the request and never answers.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let silent: UpstreamUrl = format!("http://{}", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buffer = [0; 4096];
+            while socket.read(&mut buffer).await.is_ok_and(|n| n > 0) {}
+        });
+        let pool = pool_waiting(&silent, 8, Duration::from_secs(60), Duration::from_millis(100));
+        let started = Instant::now();
+        let Err(late) = pool.send(&silent, get(&silent)).await else {
+            panic!("a silent upstream answered");
+        };
+        assert!(matches!(late, SendError::HeadTimeout(_)), "{late}");
+        assert!(started.elapsed() >= Duration::from_millis(100));
+        assert_eq!(
+            pool.idle_count(),
+            0,
+            "the timed-out exchange's connection is not kept"
+        );
     }
 
     #[tokio::test]
