@@ -165,8 +165,10 @@ where
         target: &UpstreamUrl,
         mut request: Request<B>,
     ) -> Result<Response<PooledBody<B>>, SendError> {
+        // Byte equality: both are normalized (lower-case host, explicit port), and the
+        // authority's own comparison ignores case letter by letter.
         let slot = (self.upstreams.iter())
-            .position(|(url, _)| url == target)
+            .position(|(url, _)| url.tls == target.tls && url.authority.as_str() == target.authority.as_str())
             .ok_or_else(|| ConnectError::Unknown(target.to_string()))?;
         let mut stale = 0;
         loop {
