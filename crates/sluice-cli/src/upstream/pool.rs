@@ -113,6 +113,12 @@ pub enum SendError {
     HeadTimeout(Duration),
 }
 
+/// Whether `a` and `b` are one upstream. Byte equality: both are normalized (lower-case
+/// host, explicit port), and the authority's own comparison ignores case letter by letter.
+fn same_upstream(a: &UpstreamUrl, b: &UpstreamUrl) -> bool {
+    a.tls == b.tls && a.authority.as_str() == b.authority.as_str()
+}
+
 /// The serving thread a connection belongs to.
 fn this_thread() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
@@ -140,7 +146,7 @@ where
     ) -> Arc<Self> {
         let mut lists: Vec<(UpstreamUrl, Mutex<Vec<Idle<B>>>)> = Vec::new();
         for url in upstreams {
-            if !lists.iter().any(|(known, _)| known == url) {
+            if !lists.iter().any(|(known, _)| same_upstream(known, url)) {
                 lists.push((url.clone(), Mutex::new(Vec::new())));
             }
         }
@@ -165,10 +171,8 @@ where
         target: &UpstreamUrl,
         mut request: Request<B>,
     ) -> Result<Response<PooledBody<B>>, SendError> {
-        // Byte equality: both are normalized (lower-case host, explicit port), and the
-        // authority's own comparison ignores case letter by letter.
         let slot = (self.upstreams.iter())
-            .position(|(url, _)| url.tls == target.tls && url.authority.as_str() == target.authority.as_str())
+            .position(|(url, _)| same_upstream(url, target))
             .ok_or_else(|| ConnectError::Unknown(target.to_string()))?;
         let mut stale = 0;
         loop {
