@@ -6,9 +6,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use hyper::rt::{Read, ReadBufCursor, Write};
-use hyper_util::rt::TokioIo;
 use sluice_config::UpstreamUrl;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
@@ -55,29 +54,29 @@ async fn connect(
     let stream = TcpStream::connect((bare, upstream.port())).await?;
     stream.set_nodelay(true)?;
     if !upstream.tls {
-        return Ok(UpstreamStream::Plain(TokioIo::new(stream)));
+        return Ok(UpstreamStream::Plain(stream));
     }
     let name = rustls::pki_types::ServerName::try_from(bare.to_owned())
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let stream = tokio_rustls::TlsConnector::from(Arc::clone(tls))
         .connect(name, stream)
         .await?;
-    Ok(UpstreamStream::Tls(Box::new(TokioIo::new(stream))))
+    Ok(UpstreamStream::Tls(Box::new(stream)))
 }
 
 /// One upstream connection.
 pub enum UpstreamStream {
     /// `http://`.
-    Plain(TokioIo<TcpStream>),
+    Plain(TcpStream),
     /// `https://` (boxed: a TLS session is large).
-    Tls(Box<TokioIo<TlsStream<TcpStream>>>),
+    Tls(Box<TlsStream<TcpStream>>),
 }
 
-impl Read for UpstreamStream {
+impl AsyncRead for UpstreamStream {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-        buf: ReadBufCursor<'_>,
+        buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
             Self::Plain(io) => Pin::new(io).poll_read(cx, buf),
@@ -86,7 +85,7 @@ impl Read for UpstreamStream {
     }
 }
 
-impl Write for UpstreamStream {
+impl AsyncWrite for UpstreamStream {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
         match self.get_mut() {
             Self::Plain(io) => Pin::new(io).poll_write(cx, buf),

@@ -15,9 +15,10 @@ mod forward;
 mod pool;
 mod stats;
 mod tunnel;
+mod wire;
 
 use std::convert::Infallible;
-use std::future::{Future, Ready, poll_fn, ready};
+use std::future::{Future, Ready, ready};
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -202,13 +203,12 @@ impl Proxy {
             (false, ..) => {}
             (true, Some(client_side), Some(protocol)) => {
                 forward::keep_upgrade(response.headers_mut(), protocol);
-                let upstream_side = hyper::upgrade::on(&mut response);
-                tunnel::spawn(client_side, upstream_side, place);
+                let (parts, body) = response.into_parts();
+                if let Some(upstream_side) = body.upgrade() {
+                    tunnel::spawn(client_side, upstream_side, place);
+                }
                 self.stats.answered(StatusCode::SWITCHING_PROTOCOLS);
-                return response.map(|body| {
-                    body.upgrade();
-                    ServeBody::from(Bytes::new())
-                });
+                return Response::from_parts(parts, ServeBody::from(Bytes::new()));
             }
             (true, ..) => {
                 self.stats.failed(Failure::Broken);
@@ -221,8 +221,7 @@ impl Proxy {
         // client.
         *response.version_mut() = version;
         let (parts, mut body) = response.into_parts();
-        let whole = poll_fn(|cx| Poll::Ready(body.poll_arrived(cx, WHOLE_AT_ONCE))).await;
-        let body = match whole {
+        let body = match body.take_whole(WHOLE_AT_ONCE) {
             Some(whole) => {
                 // Its connection goes back to the pool now, not when the answer is written.
                 drop(body);

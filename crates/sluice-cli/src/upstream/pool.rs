@@ -1,43 +1,44 @@
 //! The proxy's keep-alive connections to its upstreams, and the exchange of one request on
-//! one of them.
+//! one of them, in HTTP/1.1 as `wire` writes and reads it.
 //!
-//! Each connection is hyper's bare HTTP/1.1 client connection, and it has no task of its own:
-//! the task of the request that holds it drives it, while it waits for the response head and
-//! then while the server asks for the response body's frames. A request thus costs no
-//! hand-off between tasks, no wake-up of a second task, and no channel to a connection task
-//! and back. When the body has ended, the connection returns to its upstream's idle list,
-//! tagged with the serving thread that used it (each thread runs a runtime of its own, and a
-//! socket is best driven by the runtime it was registered with); a request takes the most
-//! recently used idle connection of its own thread, or connects.
+//! A connection has no task of its own: the task of the request that holds it writes the
+//! request and reads the response head, then, as the server asks for the response body's
+//! frames, goes on sending the request's body (an upstream may answer before it has all of
+//! it, as an echo does) and reads the answer's. A request thus costs no hand-off between
+//! tasks and no channel to a connection task and back. When both bodies have ended and the
+//! answer allows it, the connection returns to its upstream's idle list, tagged with the
+//! serving thread that used it (each thread runs a runtime of its own, and a socket is best
+//! driven by the runtime it was registered with); a request takes the most recently used
+//! idle connection of its own thread, or connects.
 //!
-//! An idle connection is driven by nobody: a reaper task looks at every idle connection once
-//! a second, closes those the upstream closed and those idle longer than `POOL_IDLE`, so
-//! neither a dead socket nor an unused one outlives a few seconds. A request that gives up
-//! its connection before the response body ended (the client left, a timeout) drops it, and
-//! with it the exchange: HTTP/1.1 cannot cancel one request and keep the connection.
+//! An idle connection is read by nobody: a reaper task looks at every idle connection once
+//! a second and closes those the upstream closed (or sent anything on, unasked) and those
+//! idle longer than `POOL_IDLE`. A request that gives up its connection before the exchange
+//! ended (the client left, a timeout) drops it, and with it the exchange: HTTP/1.1 cannot
+//! cancel one request and keep the connection.
 
+use std::collections::VecDeque;
 use std::future::{Future, poll_fn};
+use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Request, Response};
+use bytes::{Buf, Bytes, BytesMut};
+use http::{HeaderMap, Method, Request, Response};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper::client::conn::http1::{self, SendRequest};
 use sluice_config::UpstreamUrl;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
-use super::body::IdleBody;
-use super::client::{ConnectError, Connector};
+use super::body::{BoxError, IdleBody};
+use super::client::{ConnectError, Connector, UpstreamStream};
+use super::wire::{self, Chunked, Decoded, RequestFraming, ResponseFraming, WireError};
 
 /// What a forwarded request's body is.
 pub type OutgoingBody = IdleBody<Incoming>;
-
-/// A connection's state machine, boxed: hyper's upgrade-capable connection cannot be named.
-type Driver = Pin<Box<dyn Future<Output = hyper::Result<()>> + Send>>;
 
 /// How often idle connections are looked at.
 const REAP_EVERY: Duration = Duration::from_secs(1);
@@ -46,10 +47,14 @@ const REAP_EVERY: Duration = Duration::from_secs(1);
 /// before a new connection is made for it.
 const MAX_STALE_TRIES: usize = 4;
 
+/// How much room a connection's read buffer makes before each read: a short answer arrives
+/// in one read, a long body in reads of this size.
+const READ_SIZE: usize = 16 * 1024;
+
 /// Keep-alive connections to a set of upstreams.
-pub struct Pool<B = OutgoingBody> {
+pub struct Pool {
     /// One idle list per upstream, found by its URL (a handful: a linear search is fastest).
-    upstreams: Vec<(UpstreamUrl, Mutex<Vec<Idle<B>>>)>,
+    upstreams: Vec<(UpstreamUrl, Mutex<Vec<Idle>>)>,
     connector: Connector,
     /// The most idle connections kept per upstream.
     max_idle: usize,
@@ -60,38 +65,60 @@ pub struct Pool<B = OutgoingBody> {
 }
 
 /// A connection in an idle list.
-struct Idle<B> {
-    connection: Connection<B>,
+struct Idle {
+    connection: Connection,
     since: Instant,
     thread: usize,
 }
 
-/// One upstream connection: the handle requests are sent through, and what drives it.
-struct Connection<B> {
-    sender: SendRequest<B>,
-    /// `None` once the connection has ended.
-    driver: Option<Driver>,
+/// One upstream connection.
+struct Connection {
+    io: UpstreamStream,
+    /// What the upstream sent that is not used yet.
+    read: BytesMut,
     /// The head timeout of the request in flight. One timer a connection, moved forward for
     /// each request: a later deadline is set without touching the runtime's timer wheel,
     /// where a timer made and dropped per request would be inserted and removed each time.
     head_timer: Pin<Box<Sleep>>,
 }
 
-impl<B> Connection<B> {
-    /// Drives the connection as far as it goes; false once it has ended (closed by the
-    /// upstream, broken, or done after `Connection: close`).
-    fn drive(&mut self, cx: &mut Context<'_>) -> bool {
-        let Some(driver) = &mut self.driver else {
+impl Connection {
+    /// Whether an idle connection can take a request: the upstream has neither closed it
+    /// nor sent anything unasked. Costs no system call unless the socket had an event.
+    fn is_fit(&mut self, cx: &mut Context<'_>) -> bool {
+        if !self.read.is_empty() {
             return false;
-        };
-        match driver.as_mut().poll(cx) {
-            Poll::Pending => true,
-            Poll::Ready(ended) => {
-                if let Err(e) = ended {
-                    tracing::debug!("upstream connection ended: {e}");
+        }
+        let mut probe = [0; 1];
+        let mut probe = ReadBuf::new(&mut probe);
+        Pin::new(&mut self.io).poll_read(cx, &mut probe).is_pending()
+    }
+
+    /// Reads what the upstream sent next into `read`. `Ok(0)`: the upstream closed.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.read.capacity() - self.read.len() < READ_SIZE / 4 {
+            self.read.reserve(READ_SIZE);
+        }
+        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read)
+    }
+
+    /// Reads up to the answer's head, skipping interim (1xx) answers but `101`.
+    fn poll_head(
+        &mut self,
+        cx: &mut Context<'_>,
+        method: &Method,
+    ) -> Poll<Result<wire::ResponseHead, ExchangeError>> {
+        loop {
+            if let Some(head) = wire::read_response_head(&mut self.read, method)? {
+                if head.status.is_informational() && head.status != http::StatusCode::SWITCHING_PROTOCOLS {
+                    continue;
                 }
-                self.driver = None;
-                false
+                return Poll::Ready(Ok(head));
+            }
+            match ready!(self.poll_fill(cx)) {
+                Ok(0) => return Poll::Ready(Err(ExchangeError::Closed)),
+                Ok(_) => {}
+                Err(e) => return Poll::Ready(Err(ExchangeError::Read(e))),
             }
         }
     }
@@ -106,11 +133,59 @@ pub enum SendError {
     /// The exchange failed: the connection broke, the upstream answered nonsense, or the
     /// request's own body failed.
     #[error(transparent)]
-    Exchange(#[from] hyper::Error),
+    Exchange(#[from] ExchangeError),
     /// No response head within the head timeout (the exchange is dropped, and its
     /// connection).
     #[error("no response within {0:?}")]
     HeadTimeout(Duration),
+}
+
+/// Why an exchange on a connection failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExchangeError {
+    /// The request could not be written.
+    #[error("writing the request: {0}")]
+    Write(io::Error),
+    /// The answer could not be read.
+    #[error("reading the answer: {0}")]
+    Read(io::Error),
+    /// The upstream closed the connection before its answer ended.
+    #[error("the upstream closed the connection before its answer ended")]
+    Closed,
+    /// The answer is not HTTP/1.1 as RFC 9112 writes it.
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    /// The request's own body failed (its client went away, or paused too long).
+    #[error("the request body failed")]
+    RequestBody(#[source] BoxError),
+    /// The request's body was longer or shorter than its `Content-Length`.
+    #[error("the request body's length differs from its Content-Length")]
+    RequestLength,
+}
+
+impl ExchangeError {
+    /// Whether the upstream may have closed an idle connection just as the request went out:
+    /// it went without an answer, not a byte of one.
+    fn unanswered(&self) -> bool {
+        use io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
+        match self {
+            Self::Closed => true,
+            Self::Read(e) | Self::Write(e) => {
+                matches!(e.kind(), BrokenPipe | ConnectionAborted | ConnectionReset)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Whether a request may be sent again after its first connection closed under it:
+/// RFC 9110 §9.2.2's idempotent methods, and nothing of its body consumed.
+fn resendable(method: &Method, framing: RequestFraming) -> bool {
+    framing == RequestFraming::Empty
+        && matches!(
+            *method,
+            Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+        )
 }
 
 /// Whether `a` and `b` are one upstream. Byte equality: both are normalized (lower-case
@@ -128,11 +203,141 @@ fn this_thread() -> usize {
     THIS.with(|this| *this)
 }
 
-impl<B> Pool<B>
+/// A request's sending: its head, then its body in its framing. Pieces wait in `parts`
+/// (at most three: a chunk's size line, its data and its end) until written; the body is
+/// asked for its next frame only once they are, so an upload holds one frame at a time.
+struct Upload<B> {
+    head: Vec<u8>,
+    head_sent: usize,
+    parts: VecDeque<Bytes>,
+    body: B,
+    framing: RequestFraming,
+    sent: u64,
+    /// The body has given its last frame (or has none to give).
+    body_done: bool,
+}
+
+impl<B> Upload<B>
 where
-    B: Body<Data = Bytes> + Send + Unpin + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
 {
+    fn new(head: Vec<u8>, body: B, framing: RequestFraming) -> Self {
+        let body_done = matches!(framing, RequestFraming::Empty | RequestFraming::Length(0));
+        Self {
+            head,
+            head_sent: 0,
+            parts: VecDeque::new(),
+            body,
+            framing,
+            sent: 0,
+            body_done,
+        }
+    }
+
+    /// Writes as much of the request as `io` and the body allow; ready once all is written.
+    fn poll_send(
+        &mut self,
+        io: &mut UpstreamStream,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), ExchangeError>> {
+        loop {
+            ready!(self.poll_write_parts(io, cx)).map_err(ExchangeError::Write)?;
+            if self.body_done {
+                return Pin::new(&mut *io).poll_flush(cx).map_err(ExchangeError::Write);
+            }
+            let frame = match ready!(Pin::new(&mut self.body).poll_frame(cx)) {
+                Some(Ok(frame)) => frame,
+                Some(Err(e)) => return Poll::Ready(Err(ExchangeError::RequestBody(e.into()))),
+                None => {
+                    self.body_done = true;
+                    match self.framing {
+                        RequestFraming::Chunked => self.parts.push_back(last_chunk(None)),
+                        RequestFraming::Length(length) if self.sent != length => {
+                            return Poll::Ready(Err(ExchangeError::RequestLength));
+                        }
+                        _ => {}
+                    }
+                    continue;
+                }
+            };
+            match frame.into_data() {
+                Ok(data) if data.is_empty() => {}
+                Ok(data) => {
+                    self.sent += data.len() as u64;
+                    match self.framing {
+                        RequestFraming::Length(length) if self.sent <= length => self.parts.push_back(data),
+                        RequestFraming::Chunked => {
+                            let mut size = Vec::with_capacity(18);
+                            wire::write_chunk_size(&mut size, data.len());
+                            self.parts.push_back(Bytes::from(size));
+                            self.parts.push_back(data);
+                            self.parts.push_back(Bytes::from_static(wire::CHUNK_END));
+                        }
+                        _ => return Poll::Ready(Err(ExchangeError::RequestLength)),
+                    }
+                }
+                Err(frame) => {
+                    // Trailers end a chunked body; a body framed by its length cannot carry
+                    // them, and they are dropped as hyper's client drops them.
+                    if let (Ok(trailers), RequestFraming::Chunked) = (frame.into_trailers(), self.framing) {
+                        self.parts.push_back(last_chunk(Some(&trailers)));
+                        self.body_done = true;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes the head's rest and the waiting parts, in as few calls as the socket allows.
+    fn poll_write_parts(&mut self, io: &mut UpstreamStream, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.head_sent < self.head.len() || !self.parts.is_empty() {
+            let mut slices = [IoSlice::new(&[]); 4];
+            let mut count = 0;
+            if self.head_sent < self.head.len() {
+                slices[0] = IoSlice::new(&self.head[self.head_sent..]);
+                count = 1;
+            }
+            for part in self.parts.iter().take(slices.len() - count) {
+                slices[count] = IoSlice::new(part);
+                count += 1;
+            }
+            let mut written = ready!(Pin::new(&mut *io).poll_write_vectored(cx, &slices[..count]))?;
+            if written == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            let from_head = written.min(self.head.len() - self.head_sent);
+            self.head_sent += from_head;
+            written -= from_head;
+            while written > 0 {
+                let Some(part) = self.parts.front_mut() else { break };
+                let taken = written.min(part.len());
+                part.advance(taken);
+                written -= taken;
+                if part.is_empty() {
+                    self.parts.pop_front();
+                }
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<B> Upload<B> {
+    /// Whether all of the request is written.
+    fn is_done(&self) -> bool {
+        self.body_done && self.parts.is_empty() && self.head_sent == self.head.len()
+    }
+}
+
+/// The last chunk of a chunked body, with its trailers.
+fn last_chunk(trailers: Option<&HeaderMap>) -> Bytes {
+    let mut end = Vec::new();
+    wire::write_last_chunk(&mut end, trailers);
+    Bytes::from(end)
+}
+
+impl Pool {
     /// Connections to `upstreams` (duplicates kept once), made by `connector`, at most
     /// `max_idle` idle ones per upstream, each kept `keep_idle`, a response head awaited at
     /// most `head_timeout`. Starts the reaper on the current runtime, if there is one; it
@@ -144,7 +349,7 @@ where
         keep_idle: Duration,
         head_timeout: Duration,
     ) -> Arc<Self> {
-        let mut lists: Vec<(UpstreamUrl, Mutex<Vec<Idle<B>>>)> = Vec::new();
+        let mut lists: Vec<(UpstreamUrl, Mutex<Vec<Idle>>)> = Vec::new();
         for url in upstreams {
             if !lists.iter().any(|(known, _)| same_upstream(known, url)) {
                 lists.push((url.clone(), Mutex::new(Vec::new())));
@@ -163,84 +368,104 @@ where
         pool
     }
 
-    /// Sends `request` (its URI in origin form, its `Host` set) to `target` and waits for the
-    /// response head, at most the head timeout once the request is sent. The response's body drives the connection on; the connection returns
-    /// to the idle list when that body has ended.
-    pub async fn send(
+    /// Sends `request` (its URI in origin form, its `Host` set, its hop-by-hop headers
+    /// removed) to `target` and waits for the response head, at most the head timeout once
+    /// the request is under way. The response's body sends the rest of the request's and
+    /// reads the answer's; the connection returns to the idle list when both have ended.
+    pub async fn send<B>(
         self: &Arc<Self>,
         target: &UpstreamUrl,
-        mut request: Request<B>,
-    ) -> Result<Response<PooledBody<B>>, SendError> {
+        request: Request<B>,
+    ) -> Result<Response<PooledBody<B>>, SendError>
+    where
+        B: Body<Data = Bytes> + Unpin,
+        B::Error: Into<BoxError>,
+    {
         let slot = (self.upstreams.iter())
             .position(|(url, _)| same_upstream(url, target))
             .ok_or_else(|| ConnectError::Unknown(target.to_string()))?;
+        let (parts, body) = request.into_parts();
+        let declared = parts.headers.contains_key(http::header::CONTENT_LENGTH);
+        let framing = RequestFraming::of(body.size_hint().exact(), body.is_end_stream(), declared);
+        let mut head = Vec::with_capacity(512);
+        wire::write_request_head(&mut head, &parts, framing);
+        let mut upload = Upload::new(head, body, framing);
+        let method = parts.method;
         let mut stale = 0;
         loop {
             let (mut connection, pooled) = match self.take_idle(slot) {
                 Some(connection) if stale < MAX_STALE_TRIES => (connection, true),
                 _ => (self.connect(target).await?, false),
             };
-            // A pooled connection is driven first: it settles what happened while it was
-            // idle (the upstream's close, the end of the previous exchange).
-            if pooled && !poll_fn(|cx| Poll::Ready(connection.drive(cx))).await {
+            // A pooled connection is looked at first: the upstream may have closed it while
+            // it was idle.
+            if pooled && !poll_fn(|cx| Poll::Ready(connection.is_fit(cx))).await {
                 stale += 1;
                 continue;
             }
             let deadline = Instant::now() + self.head_timeout;
             connection.head_timer.as_mut().reset(deadline);
-            let mut answer = std::pin::pin!(connection.sender.try_send_request(request));
-            let answer = poll_fn(|cx| {
-                connection.drive(cx);
-                if let Poll::Ready(answer) = answer.as_mut().poll(cx) {
-                    return Poll::Ready(Some(answer));
+            let head = poll_fn(|cx| {
+                if let Poll::Ready(Err(e)) = upload.poll_send(&mut connection.io, cx) {
+                    return Poll::Ready(Some(Err(e)));
+                }
+                if let Poll::Ready(head) = connection.poll_head(cx, &method) {
+                    return Poll::Ready(Some(head));
                 }
                 connection.head_timer.as_mut().poll(cx).map(|()| None)
             })
             .await;
-            let Some(answer) = answer else {
-                return Err(SendError::HeadTimeout(self.head_timeout));
-            };
-            match answer {
-                Ok(response) => {
-                    let lease = Lease {
-                        connection: Some(connection),
-                        pool: Arc::clone(self),
-                        slot,
-                    };
-                    return Ok(response.map(|body| PooledBody {
-                        body,
-                        lease,
-                        ended: false,
-                        early: None,
-                    }));
+            let head = match head {
+                None => return Err(SendError::HeadTimeout(self.head_timeout)),
+                Some(Ok(head)) => head,
+                // Closed under a request that can go again: another connection is tried.
+                Some(Err(e))
+                    if pooled
+                        && e.unanswered()
+                        && connection.read.is_empty()
+                        && resendable(&method, framing) =>
+                {
+                    upload.head_sent = 0;
+                    stale += 1;
+                    continue;
                 }
-                Err(mut refused) => match refused.take_message() {
-                    // Not sent: the connection was not ready for it. Another is tried.
-                    Some(unsent) if pooled => {
-                        request = unsent;
-                        stale += 1;
-                    }
-                    _ => return Err(refused.into_error().into()),
-                },
-            }
+                Some(Err(e)) => return Err(e.into()),
+            };
+            let reading = match head.framing {
+                ResponseFraming::Empty => Reading::Ended,
+                ResponseFraming::Length(0) => Reading::Ended,
+                ResponseFraming::Length(length) => Reading::Length(length),
+                ResponseFraming::Chunked => Reading::Chunked(Chunked::Size),
+                ResponseFraming::UntilClose => Reading::UntilClose,
+            };
+            let keep_alive = head.keep_alive && head.status != http::StatusCode::SWITCHING_PROTOCOLS;
+            let mut response = Response::new(PooledBody {
+                upload,
+                reading,
+                keep_alive,
+                connection: Some(connection),
+                pool: Arc::clone(self),
+                slot,
+            });
+            *response.status_mut() = head.status;
+            *response.version_mut() = head.version;
+            *response.headers_mut() = head.headers;
+            return Ok(response);
         }
     }
 
     /// A new connection to `target`.
-    async fn connect(&self, target: &UpstreamUrl) -> Result<Connection<B>, SendError> {
-        let stream = self.connector.connect(target).await?;
-        let (sender, connection) = http1::Builder::new().handshake(stream).await?;
+    async fn connect(&self, target: &UpstreamUrl) -> Result<Connection, SendError> {
+        let io = self.connector.connect(target).await?;
         Ok(Connection {
-            sender,
-            driver: Some(Box::pin(connection.with_upgrades())),
+            io,
+            read: BytesMut::new(),
             head_timer: Box::pin(tokio::time::sleep(self.head_timeout)),
         })
     }
-}
 
-impl<B> Pool<B> {
     /// The most recently used idle connection of this thread to upstream `slot`.
-    fn take_idle(&self, slot: usize) -> Option<Connection<B>> {
+    fn take_idle(&self, slot: usize) -> Option<Connection> {
         let thread = this_thread();
         let mut idle = self.upstreams[slot]
             .1
@@ -251,7 +476,7 @@ impl<B> Pool<B> {
     }
 
     /// Puts `connection` back in `slot`'s idle list, unless the list is full.
-    fn keep(&self, slot: usize, connection: Connection<B>) {
+    fn keep(&self, slot: usize, connection: Connection) {
         let mut idle = self.upstreams[slot]
             .1
             .lock()
@@ -270,7 +495,7 @@ impl<B> Pool<B> {
         let mut cx = Context::from_waker(Waker::noop());
         for (_, idle) in &self.upstreams {
             let mut idle = idle.lock().unwrap_or_else(PoisonError::into_inner);
-            idle.retain_mut(|idle| idle.since.elapsed() < self.keep_idle && idle.connection.drive(&mut cx));
+            idle.retain_mut(|idle| idle.since.elapsed() < self.keep_idle && idle.connection.is_fit(&mut cx));
         }
     }
 
@@ -284,11 +509,7 @@ impl<B> Pool<B> {
 }
 
 /// The reaper: every `REAP_EVERY`, until the pool is gone.
-async fn reap<B>(pool: Weak<Pool<B>>)
-where
-    B: Body<Data = Bytes> + Send + Unpin + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
+async fn reap(pool: Weak<Pool>) {
     let mut every = tokio::time::interval(REAP_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -300,107 +521,196 @@ where
     }
 }
 
-/// A connection lent to one exchange, back in its idle list when the response body ended.
-struct Lease<B> {
-    connection: Option<Connection<B>>,
-    pool: Arc<Pool<B>>,
-    slot: usize,
+/// Where the reading of a response body is.
+enum Reading {
+    /// This many bytes are left.
+    Length(u64),
+    /// Chunks.
+    Chunked(Chunked),
+    /// Everything until the upstream closes.
+    UntilClose,
+    /// Read to its end.
+    Ended,
+    /// Broken: nothing more comes.
+    Failed,
 }
 
-/// A response body from a pooled connection: each poll drives the connection first.
+/// A response body from a pooled connection, which also sends what is left of the request.
 pub struct PooledBody<B = OutgoingBody> {
-    body: Incoming,
-    lease: Lease<B>,
-    /// The body has ended (a chunked one does not say so itself afterwards).
-    ended: bool,
-    /// What a look for a whole body (`poll_arrived`) took and did not use, for `poll_frame`.
-    early: Option<Option<Result<Frame<Bytes>, hyper::Error>>>,
+    upload: Upload<B>,
+    reading: Reading,
+    /// Whether the answer lets the connection carry another request.
+    keep_alive: bool,
+    /// `None` once given up (broken, or handed to an upgrade).
+    connection: Option<Connection>,
+    pool: Arc<Pool>,
+    slot: usize,
 }
 
 impl<B> PooledBody<B> {
     /// The whole body, when it is 1 to `limit` bytes long by its `Content-Length` and has
     /// already arrived (with the head, as a short answer does): it can then be answered at
-    /// once, whole, and the connection is free for the next request. Whatever the look
-    /// yields otherwise is kept for `poll_frame`; nothing is lost or reordered.
-    pub fn poll_arrived(&mut self, cx: &mut Context<'_>, limit: u64) -> Option<Bytes> {
-        let length = (self.body.size_hint().exact()).filter(|length| (1..=limit).contains(length))?;
-        match Pin::new(&mut *self).poll_frame(cx) {
-            Poll::Pending => None,
-            Poll::Ready(Some(Ok(frame)))
-                if self.ended && frame.data_ref().is_some_and(|data| data.len() as u64 == length) =>
-            {
-                frame.into_data().ok()
-            }
-            Poll::Ready(other) => {
-                self.early = Some(other);
-                None
-            }
+    /// once, whole, and the connection is free for the next request.
+    pub fn take_whole(&mut self, limit: u64) -> Option<Bytes> {
+        let Reading::Length(length) = self.reading else {
+            return None;
+        };
+        let connection = self.connection.as_mut()?;
+        let length = usize::try_from(length)
+            .ok()
+            .filter(|&length| length as u64 <= limit)?;
+        if connection.read.len() < length {
+            return None;
         }
+        self.reading = Reading::Ended;
+        Some(connection.read.split_to(length).freeze())
+    }
+
+    /// The connection, for an upgrade: after `101` it carries the other protocol, with
+    /// whatever of it already arrived read first.
+    pub fn upgrade(mut self) -> Option<Upgraded> {
+        let connection = self.connection.take()?;
+        Some(Upgraded {
+            early: connection.read.freeze(),
+            io: connection.io,
+        })
     }
 }
 
-impl<B: Send + 'static> PooledBody<B> {
-    /// Hands the connection over to a task of its own, for an upgrade (the connection is
-    /// not reused: after `101` it carries the other protocol).
-    pub fn upgrade(mut self) {
-        if let Some(driver) = self
-            .lease
-            .connection
-            .take()
-            .and_then(|connection| connection.driver)
-        {
-            tokio::spawn(driver);
-        }
-    }
-}
-
-impl<B> Body for PooledBody<B> {
+impl<B> Body for PooledBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = ExchangeError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, ExchangeError>>> {
         let this = self.get_mut();
-        if let Some(early) = this.early.take() {
-            return Poll::Ready(early);
+        let Some(connection) = this.connection.as_mut() else {
+            return Poll::Ready(None);
+        };
+        if matches!(this.reading, Reading::Ended | Reading::Failed) {
+            return Poll::Ready(None);
         }
-        if let Some(connection) = &mut this.lease.connection {
-            connection.drive(cx);
+        if let Poll::Ready(Err(e)) = this.upload.poll_send(&mut connection.io, cx) {
+            return this.fail(e);
         }
-        let frame = ready!(Pin::new(&mut this.body).poll_frame(cx));
-        match &frame {
-            // A broken body: the connection is not reused.
-            Some(Err(_)) => this.lease.connection = None,
-            Some(Ok(_)) => this.ended = this.body.is_end_stream(),
-            None => this.ended = true,
+        loop {
+            let data = match &mut this.reading {
+                Reading::Ended | Reading::Failed => return Poll::Ready(None),
+                Reading::Length(left) if !connection.read.is_empty() => {
+                    let take = usize::try_from(*left)
+                        .map_or(connection.read.len(), |left| left.min(connection.read.len()));
+                    *left -= take as u64;
+                    if *left == 0 {
+                        this.reading = Reading::Ended;
+                    }
+                    connection.read.split_to(take).freeze()
+                }
+                Reading::UntilClose if !connection.read.is_empty() => connection.read.split().freeze(),
+                Reading::Chunked(decoder) => match decoder.decode(&mut connection.read) {
+                    Ok(Decoded::Data(data)) => data,
+                    Ok(Decoded::Trailers(trailers)) => {
+                        return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+                    }
+                    Ok(Decoded::End) => {
+                        this.reading = Reading::Ended;
+                        return Poll::Ready(None);
+                    }
+                    Err(e) => return this.fail(e.into()),
+                    Ok(Decoded::More) => match ready!(connection.poll_fill(cx)) {
+                        Ok(0) => return this.fail(ExchangeError::Closed),
+                        Ok(_) => continue,
+                        Err(e) => return this.fail(ExchangeError::Read(e)),
+                    },
+                },
+                Reading::Length(_) | Reading::UntilClose => match ready!(connection.poll_fill(cx)) {
+                    Ok(0) if matches!(this.reading, Reading::UntilClose) => {
+                        this.reading = Reading::Ended;
+                        return Poll::Ready(None);
+                    }
+                    Ok(0) => return this.fail(ExchangeError::Closed),
+                    Ok(_) => continue,
+                    Err(e) => return this.fail(ExchangeError::Read(e)),
+                },
+            };
+            return Poll::Ready(Some(Ok(Frame::data(data))));
         }
-        Poll::Ready(frame)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        matches!(self.reading, Reading::Ended | Reading::Failed)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        match self.reading {
+            Reading::Length(left) => SizeHint::with_exact(left),
+            Reading::Ended | Reading::Failed => SizeHint::with_exact(0),
+            Reading::Chunked(_) | Reading::UntilClose => SizeHint::default(),
+        }
+    }
+}
+
+impl<B> PooledBody<B> {
+    /// Ends the body with `error`, and its connection.
+    fn fail(&mut self, error: ExchangeError) -> Poll<Option<Result<Frame<Bytes>, ExchangeError>>> {
+        self.reading = Reading::Failed;
+        self.connection = None;
+        Poll::Ready(Some(Err(error)))
     }
 }
 
 impl<B> Drop for PooledBody<B> {
     fn drop(&mut self) {
-        let Some(connection) = self.lease.connection.take() else {
+        let Some(connection) = self.connection.take() else {
             return;
         };
-        // Only a connection whose exchange ended can take another; one dropped mid-body
-        // closes, which ends the exchange on the upstream's side too.
-        if (self.ended || self.body.is_end_stream())
-            && connection.driver.is_some()
-            && !connection.sender.is_closed()
+        // Only a connection whose exchange ended both ways, with nothing more arrived, can
+        // take another; any other closes, which ends the exchange on the upstream's side too.
+        if self.keep_alive
+            && matches!(self.reading, Reading::Ended)
+            && self.upload.is_done()
+            && connection.read.is_empty()
         {
-            self.lease.pool.keep(self.lease.slot, connection);
+            self.pool.keep(self.slot, connection);
         }
+    }
+}
+
+/// An upstream connection after `101 Switching Protocols`.
+pub struct Upgraded {
+    /// What of the new protocol arrived with the answer.
+    early: Bytes,
+    io: UpstreamStream,
+}
+
+impl AsyncRead for Upgraded {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if !this.early.is_empty() {
+            let take = this.early.len().min(buf.remaining());
+            buf.put_slice(&this.early.split_to(take));
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Upgraded {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
     }
 }
 
@@ -451,16 +761,11 @@ mod tests {
         (url, accepted)
     }
 
-    fn pool(url: &UpstreamUrl, max_idle: usize, keep_idle: Duration) -> Arc<Pool<Empty>> {
+    fn pool(url: &UpstreamUrl, max_idle: usize, keep_idle: Duration) -> Arc<Pool> {
         pool_waiting(url, max_idle, keep_idle, Duration::from_secs(5))
     }
 
-    fn pool_waiting(
-        url: &UpstreamUrl,
-        max_idle: usize,
-        keep_idle: Duration,
-        head: Duration,
-    ) -> Arc<Pool<Empty>> {
+    fn pool_waiting(url: &UpstreamUrl, max_idle: usize, keep_idle: Duration, head: Duration) -> Arc<Pool> {
         let tls = Arc::clone(
             sluice_rules_client::ClientTls::new(None, None)
                 .unwrap()
@@ -484,7 +789,7 @@ mod tests {
             .unwrap()
     }
 
-    async fn answer(pool: &Arc<Pool<Empty>>, url: &UpstreamUrl) -> Result<String, SendError> {
+    async fn answer(pool: &Arc<Pool>, url: &UpstreamUrl) -> Result<String, SendError> {
         let response = pool.send(url, get(url)).await?;
         let body = response.into_body().collect().await?.to_bytes();
         Ok(String::from_utf8(body.to_vec()).unwrap())
@@ -557,23 +862,18 @@ mod tests {
         assert_eq!(pool.idle_count(), 0, "idle longer than keep_idle");
     }
 
-    /// Polls `body` once for a whole body of at most `limit` bytes.
-    async fn arrived(body: &mut PooledBody<Empty>, limit: u64) -> Option<Bytes> {
-        poll_fn(|cx| Poll::Ready(body.poll_arrived(cx, limit))).await
-    }
-
     #[tokio::test]
     async fn a_short_body_that_came_with_its_head_is_taken_whole_and_frees_its_connection() {
         let (url, accepted) = upstream("hello", usize::MAX).await;
         let pool = pool(&url, 8, Duration::from_secs(60));
         let mut body = pool.send(&url, get(&url)).await.unwrap().into_body();
-        assert_eq!(arrived(&mut body, 16).await.as_deref(), Some(&b"hello"[..]));
+        assert_eq!(body.take_whole(16).as_deref(), Some(&b"hello"[..]));
         drop(body);
         assert_eq!(pool.idle_count(), 1);
 
         // Longer than the limit: left to stream, whole.
         let mut body = pool.send(&url, get(&url)).await.unwrap().into_body();
-        assert_eq!(arrived(&mut body, 4).await, None);
+        assert_eq!(body.take_whole(4), None);
         assert_eq!(body.collect().await.unwrap().to_bytes(), "hello");
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
     }
@@ -598,10 +898,7 @@ mod tests {
         });
         let pool = pool(&url, 8, Duration::from_secs(60));
         let mut body = pool.send(&url, get(&url)).await.unwrap().into_body();
-        // The head may come before its first part: look until the first part is taken.
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        assert_eq!(arrived(&mut body, 16).await, None);
-        assert!(body.early.is_some(), "the first part was taken by the look");
+        assert_eq!(body.take_whole(16), None, "half of it has arrived");
         assert_eq!(body.collect().await.unwrap().to_bytes(), "helloworld");
     }
 

@@ -9,6 +9,8 @@ use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio::sync::OwnedSemaphorePermit;
 
+use super::pool::Upgraded;
+
 /// A client connection's place under `max_connections`, put in an upgrade request's
 /// extensions by the server so the tunnel can keep it after the HTTP connection ends.
 #[derive(Clone)]
@@ -20,18 +22,18 @@ pub struct ConnectionPlace(
     pub Arc<OwnedSemaphorePermit>,
 );
 
-/// Joins the two sides of an upgrade once both are ready, on a task of its own.
-pub fn spawn(client: OnUpgrade, upstream: OnUpgrade, place: Option<ConnectionPlace>) {
+/// Joins the two sides of an upgrade once the client's is ready, on a task of its own.
+pub fn spawn(client: OnUpgrade, mut upstream: Upgraded, place: Option<ConnectionPlace>) {
     tokio::spawn(async move {
         let _place = place;
-        let (client, upstream) = match tokio::try_join!(client, upstream) {
-            Ok(both) => both,
+        let client = match client.await {
+            Ok(client) => client,
             Err(e) => {
                 tracing::debug!("upgrade not completed: {e}");
                 return;
             }
         };
-        let (mut client, mut upstream) = (TokioIo::new(client), TokioIo::new(upstream));
+        let mut client = TokioIo::new(client);
         match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
             Ok((up, down)) => tracing::debug!(up, down, "upgraded connection closed"),
             Err(e) => tracing::debug!("upgraded connection broke: {e}"),

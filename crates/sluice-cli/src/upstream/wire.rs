@@ -1,0 +1,655 @@
+//! HTTP/1.1 as the proxy writes it to an upstream and reads it back (RFC 9112): a request
+//! head written from a header map, a response head parsed into one, and how the response
+//! body is framed. No I/O here: `pool` moves the bytes.
+//!
+//! A proxy's framing is where request smuggling lives, so each rule is strict: the request's
+//! framing is written from its body alone (a client's own `Content-Length` or
+//! `Transfer-Encoding` is never copied), and a response whose framing could be read two ways
+//! (`Content-Length` with `Transfer-Encoding`, differing lengths, a transfer coding besides
+//! `chunked`, a bare LF in a chunk's lines) is refused rather than guessed at.
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version, request};
+
+/// The most headers a response head may carry (as hyper's default).
+const MAX_HEADERS: usize = 100;
+
+/// The longest response head, or a chunked body's trailer section.
+pub const MAX_HEAD: usize = 64 * 1024;
+
+/// The longest chunk-size line, extensions included.
+const MAX_CHUNK_LINE: usize = 4096;
+
+/// Why an upstream's answer could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// The head is not HTTP/1.x as RFC 9112 writes it.
+    #[error("malformed response head: {0}")]
+    Head(httparse::Error),
+    /// The head, or a trailer section, is longer than `MAX_HEAD`.
+    #[error("response head longer than {MAX_HEAD} bytes")]
+    HeadTooLarge,
+    /// A header's name or value is not one HTTP allows.
+    #[error("malformed response header")]
+    Header,
+    /// The framing could be read more than one way, or not at all.
+    #[error("ambiguous or unsupported response framing: {0}")]
+    Framing(&'static str),
+    /// A chunked body broke its format.
+    #[error("malformed chunked body: {0}")]
+    Chunk(&'static str),
+}
+
+/// How a request's body is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestFraming {
+    /// No body, and no header saying so.
+    Empty,
+    /// `Content-Length` bytes.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`: the length is not known ahead.
+    Chunked,
+}
+
+impl RequestFraming {
+    /// The framing of a body whose exact length is `exact` (if known) and that is or is not
+    /// over already; `declared` is whether the client wrote a `Content-Length`.
+    pub fn of(exact: Option<u64>, ended: bool, declared: bool) -> Self {
+        match exact {
+            Some(0) if !declared => Self::Empty,
+            Some(length) => Self::Length(length),
+            None if ended && !declared => Self::Empty,
+            None if ended => Self::Length(0),
+            None => Self::Chunked,
+        }
+    }
+}
+
+/// Appends the head of a request to `out`: its method, origin-form target, its headers but
+/// `Content-Length` and `Transfer-Encoding` (hop-by-hop ones are removed before), and the
+/// framing header of `framing`. The `http` types guarantee that no method, target, name or
+/// value holds a CR, LF or NUL.
+pub fn write_request_head(out: &mut Vec<u8>, head: &request::Parts, framing: RequestFraming) {
+    let target = head.uri.path_and_query().map_or("/", |target| target.as_str());
+    out.extend_from_slice(head.method.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in &head.headers {
+        if name == CONTENT_LENGTH || name == TRANSFER_ENCODING {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    match framing {
+        RequestFraming::Empty => {}
+        RequestFraming::Length(length) => {
+            out.extend_from_slice(b"content-length: ");
+            out.extend_from_slice(itoa::Buffer::new().format(length).as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        RequestFraming::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends a chunk's size line (the chunk follows, then `CHUNK_END`).
+pub fn write_chunk_size(out: &mut Vec<u8>, size: usize) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut digits = [0u8; 16];
+    let mut at = digits.len();
+    let mut left = size;
+    loop {
+        at -= 1;
+        digits[at] = HEX[left & 15];
+        left >>= 4;
+        if left == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// What ends a chunk's data.
+pub const CHUNK_END: &[u8] = b"\r\n";
+
+/// Appends the last chunk and the trailer section of a chunked body.
+pub fn write_last_chunk(out: &mut Vec<u8>, trailers: Option<&HeaderMap>) {
+    out.extend_from_slice(b"0\r\n");
+    for (name, value) in trailers.into_iter().flatten() {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// How a response's body is framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResponseFraming {
+    /// No body (a `HEAD` request's answer, 1xx, 204, 304).
+    Empty,
+    /// `Content-Length` bytes.
+    Length(u64),
+    /// Chunks.
+    Chunked,
+    /// Everything until the upstream closes.
+    UntilClose,
+}
+
+/// A parsed response head.
+#[derive(Debug)]
+pub struct ResponseHead {
+    pub status: StatusCode,
+    pub version: Version,
+    pub headers: HeaderMap,
+    pub framing: ResponseFraming,
+    /// Whether the connection can carry another request after this answer.
+    pub keep_alive: bool,
+}
+
+/// Parses the response head at the start of `buffer`, and takes it off. `Ok(None)`: not
+/// all of it has arrived. The framing follows RFC 9112 §6.3 for an answer to `method`.
+///
+/// # Errors
+/// The head is malformed, too large, or frames its body ambiguously.
+pub fn read_response_head(buffer: &mut BytesMut, method: &Method) -> Result<Option<ResponseHead>, WireError> {
+    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut parsed = httparse::Response::new(&mut slots);
+    let length = match parsed.parse(buffer) {
+        Ok(httparse::Status::Complete(length)) => length,
+        Ok(httparse::Status::Partial) if buffer.len() >= MAX_HEAD => return Err(WireError::HeadTooLarge),
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(WireError::HeadTooLarge),
+        Err(e) => return Err(WireError::Head(e)),
+    };
+    if length > MAX_HEAD {
+        return Err(WireError::HeadTooLarge);
+    }
+    let status = parsed.code.and_then(|code| StatusCode::from_u16(code).ok());
+    let status = status.ok_or(WireError::Head(httparse::Error::Status))?;
+    let version = if parsed.version == Some(0) {
+        Version::HTTP_10
+    } else {
+        Version::HTTP_11
+    };
+    // Values are slices of the head, shared rather than copied.
+    let base = buffer.as_ptr() as usize;
+    let at = |slice: &[u8]| {
+        let start = slice.as_ptr() as usize - base;
+        (start, start + slice.len())
+    };
+    let spans: Vec<((usize, usize), (usize, usize))> = (parsed.headers.iter())
+        .map(|header| (at(header.name.as_bytes()), at(header.value)))
+        .collect();
+    let head = buffer.split_to(length).freeze();
+    let mut headers = HeaderMap::with_capacity(spans.len());
+    for ((name_start, name_end), (start, end)) in spans {
+        let name = HeaderName::from_bytes(&head[name_start..name_end]).map_err(|_| WireError::Header)?;
+        let value = HeaderValue::from_maybe_shared(head.slice(start..end)).map_err(|_| WireError::Header)?;
+        headers.append(name, value);
+    }
+    let framing = response_framing(status, &headers, method)?;
+    let keep_alive = version == Version::HTTP_11
+        && framing != ResponseFraming::UntilClose
+        && !has_token(&headers, &CONNECTION, "close");
+    Ok(Some(ResponseHead {
+        status,
+        version,
+        headers,
+        framing,
+        keep_alive,
+    }))
+}
+
+/// The framing of a response (RFC 9112 §6.3), refusing what could be read two ways.
+fn response_framing(
+    status: StatusCode,
+    headers: &HeaderMap,
+    method: &Method,
+) -> Result<ResponseFraming, WireError> {
+    if *method == Method::HEAD
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+    {
+        return Ok(ResponseFraming::Empty);
+    }
+    let transfer = headers.contains_key(TRANSFER_ENCODING);
+    let length = headers.contains_key(CONTENT_LENGTH);
+    match (transfer, length) {
+        (true, true) => Err(WireError::Framing("both Content-Length and Transfer-Encoding")),
+        (true, false) => {
+            let mut codings = (headers.get_all(TRANSFER_ENCODING).iter())
+                .flat_map(|value| value.as_bytes().split(|&byte| byte == b','))
+                .map(<[u8]>::trim_ascii);
+            match (codings.next(), codings.next()) {
+                (Some(only), None) if only.eq_ignore_ascii_case(b"chunked") => Ok(ResponseFraming::Chunked),
+                _ => Err(WireError::Framing("a transfer coding other than chunked alone")),
+            }
+        }
+        (false, true) => {
+            let mut lengths = (headers.get_all(CONTENT_LENGTH).iter())
+                .flat_map(|value| value.as_bytes().split(|&byte| byte == b','))
+                .map(|length| decimal(length.trim_ascii()));
+            let first = lengths
+                .next()
+                .flatten()
+                .ok_or(WireError::Framing("Content-Length"))?;
+            if lengths.any(|other| other != Some(first)) {
+                return Err(WireError::Framing("differing Content-Length values"));
+            }
+            Ok(ResponseFraming::Length(first))
+        }
+        (false, false) => Ok(ResponseFraming::UntilClose),
+    }
+}
+
+/// `digits` as a decimal number: 1 to 19 ASCII digits, nothing else.
+fn decimal(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(
+        digits
+            .iter()
+            .fold(0, |value, digit| value * 10 + u64::from(digit - b'0')),
+    )
+}
+
+/// Whether one of `name`'s comma-separated values is `token`.
+fn has_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
+    (headers.get_all(name).iter())
+        .flat_map(|value| value.as_bytes().split(|&byte| byte == b','))
+        .any(|value| value.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+}
+
+/// What a chunked body's decoder found next.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Decoded {
+    /// Some of a chunk's data.
+    Data(Bytes),
+    /// The trailer section (only when it has fields), then the end.
+    Trailers(HeaderMap),
+    /// The body has ended.
+    End,
+    /// More bytes are needed.
+    More,
+}
+
+/// Where a chunked body's decoder is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Chunked {
+    /// At a chunk-size line.
+    Size,
+    /// In a chunk's data, this much of it left.
+    Data(u64),
+    /// After a chunk's data, at its CRLF.
+    DataEnd,
+    /// After the last chunk, at the trailer section.
+    Trailers,
+    /// Done.
+    Ended,
+}
+
+impl Chunked {
+    /// Decodes what `buffer` holds as far as it goes, taking the bytes it used off it.
+    ///
+    /// # Errors
+    /// The body breaks the chunked format (RFC 9112 §7.1), or a line or the trailer section
+    /// is too long.
+    pub fn decode(&mut self, buffer: &mut BytesMut) -> Result<Decoded, WireError> {
+        loop {
+            match *self {
+                Chunked::Ended => return Ok(Decoded::End),
+                Chunked::Size => {
+                    let Some(line) = line_end(buffer, MAX_CHUNK_LINE)? else {
+                        return Ok(Decoded::More);
+                    };
+                    let size = chunk_size(&buffer[..line])?;
+                    buffer.advance(line + 2);
+                    *self = if size == 0 {
+                        Chunked::Trailers
+                    } else {
+                        Chunked::Data(size)
+                    };
+                }
+                Chunked::Data(left) => {
+                    if buffer.is_empty() {
+                        return Ok(Decoded::More);
+                    }
+                    let take = usize::try_from(left).map_or(buffer.len(), |left| left.min(buffer.len()));
+                    let data = buffer.split_to(take).freeze();
+                    let left = left - take as u64;
+                    *self = if left == 0 {
+                        Chunked::DataEnd
+                    } else {
+                        Chunked::Data(left)
+                    };
+                    return Ok(Decoded::Data(data));
+                }
+                Chunked::DataEnd => {
+                    if buffer.len() < 2 {
+                        return Ok(Decoded::More);
+                    }
+                    if &buffer[..2] != b"\r\n" {
+                        return Err(WireError::Chunk("no CRLF after a chunk's data"));
+                    }
+                    buffer.advance(2);
+                    *self = Chunked::Size;
+                }
+                Chunked::Trailers => return self.trailers(buffer),
+            }
+        }
+    }
+
+    /// The trailer section: an empty line, or fields up to one.
+    fn trailers(&mut self, buffer: &mut BytesMut) -> Result<Decoded, WireError> {
+        if buffer.len() < 2 {
+            return Ok(Decoded::More);
+        }
+        if buffer.starts_with(b"\r\n") {
+            buffer.advance(2);
+            *self = Chunked::Ended;
+            return Ok(Decoded::End);
+        }
+        let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let (length, fields) = match httparse::parse_headers(buffer, &mut slots) {
+            Ok(httparse::Status::Complete((length, fields))) => (length, fields),
+            Ok(httparse::Status::Partial) if buffer.len() >= MAX_HEAD => return Err(WireError::HeadTooLarge),
+            Ok(httparse::Status::Partial) => return Ok(Decoded::More),
+            Err(_) => return Err(WireError::Chunk("malformed trailer section")),
+        };
+        if length > MAX_HEAD {
+            return Err(WireError::HeadTooLarge);
+        }
+        let mut trailers = HeaderMap::with_capacity(fields.len());
+        for field in fields.iter() {
+            let name = HeaderName::from_bytes(field.name.as_bytes()).map_err(|_| WireError::Header)?;
+            let value = HeaderValue::from_bytes(field.value).map_err(|_| WireError::Header)?;
+            trailers.append(name, value);
+        }
+        buffer.advance(length);
+        *self = Chunked::Ended;
+        Ok(if trailers.is_empty() {
+            Decoded::End
+        } else {
+            Decoded::Trailers(trailers)
+        })
+    }
+}
+
+/// Where the CRLF ending the line at the start of `buffer` is, if it has arrived. A bare LF
+/// or CR, or a line longer than `limit`, is an error.
+fn line_end(buffer: &[u8], limit: usize) -> Result<Option<usize>, WireError> {
+    let seen = &buffer[..buffer.len().min(limit + 2)];
+    match seen.iter().position(|&byte| byte == b'\n' || byte == b'\r') {
+        Some(at) if seen[at] == b'\r' => match seen.get(at + 1) {
+            Some(b'\n') => Ok(Some(at)),
+            Some(_) => Err(WireError::Chunk("a bare CR in a chunk line")),
+            None => Ok(None),
+        },
+        Some(_) => Err(WireError::Chunk("a bare LF in a chunk line")),
+        None if buffer.len() > limit => Err(WireError::Chunk("chunk line too long")),
+        None => Ok(None),
+    }
+}
+
+/// A chunk-size line's size: 1 to 16 hex digits, then nothing or extensions (`;`, after
+/// optional spaces or tabs), which are ignored.
+fn chunk_size(line: &[u8]) -> Result<u64, WireError> {
+    let digits = line.iter().take_while(|byte| byte.is_ascii_hexdigit()).count();
+    if digits == 0 || digits > 16 {
+        return Err(WireError::Chunk("chunk size"));
+    }
+    let rest = line[digits..].trim_ascii_start();
+    if !rest.is_empty() && rest[0] != b';' {
+        return Err(WireError::Chunk("chunk size"));
+    }
+    if rest
+        .iter()
+        .any(|&byte| byte < 0x20 && byte != b'\t' || byte == 0x7f)
+    {
+        return Err(WireError::Chunk("control character in a chunk extension"));
+    }
+    let size = line[..digits].iter().fold(0u64, |size, &digit| {
+        let value = (digit as char).to_digit(16).unwrap_or(0);
+        (size << 4) | u64::from(value)
+    });
+    Ok(size)
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn head(text: &str, method: &Method) -> Result<Option<ResponseHead>, WireError> {
+        read_response_head(&mut BytesMut::from(text), method)
+    }
+
+    fn framing(text: &str) -> Result<ResponseFraming, WireError> {
+        head(text, &Method::GET).map(|head| head.map_or(ResponseFraming::Empty, |head| head.framing))
+    }
+
+    #[test]
+    fn a_response_head_is_read_with_its_headers_and_the_rest_left() {
+        let mut buffer =
+            BytesMut::from("HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: 1\r\nx-a: 2\r\n\r\nhello");
+        let head = read_response_head(&mut buffer, &Method::GET).unwrap().unwrap();
+        assert_eq!(head.status, StatusCode::OK);
+        assert_eq!(head.framing, ResponseFraming::Length(5));
+        assert!(head.keep_alive);
+        let values: Vec<_> = head.headers.get_all("x-a").iter().collect();
+        assert_eq!(values, ["1", "2"]);
+        assert_eq!(&buffer[..], b"hello");
+    }
+
+    #[test]
+    fn a_partial_head_waits_and_an_endless_one_is_refused() {
+        assert!(
+            head("HTTP/1.1 200 OK\r\nContent-Le", &Method::GET)
+                .unwrap()
+                .is_none()
+        );
+        let endless = format!("HTTP/1.1 200 OK\r\nx: {}", "a".repeat(MAX_HEAD));
+        assert_eq!(head(&endless, &Method::GET).unwrap_err(), WireError::HeadTooLarge);
+    }
+
+    #[test]
+    fn framing_follows_rfc_9112_and_refuses_what_reads_two_ways() {
+        assert_eq!(
+            framing("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            Ok(ResponseFraming::Chunked)
+        );
+        assert_eq!(
+            framing("HTTP/1.1 200 OK\r\n\r\n"),
+            Ok(ResponseFraming::UntilClose)
+        );
+        assert_eq!(
+            framing("HTTP/1.1 204 No Content\r\nContent-Length: 9\r\n\r\n"),
+            Ok(ResponseFraming::Empty)
+        );
+        assert_eq!(
+            framing("HTTP/1.1 304 Not Modified\r\n\r\n"),
+            Ok(ResponseFraming::Empty)
+        );
+        assert_eq!(
+            framing("HTTP/1.1 200 OK\r\nContent-Length: 3, 3\r\n\r\n"),
+            Ok(ResponseFraming::Length(3))
+        );
+        let refused = [
+            "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: +3\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: \r\n\r\n",
+        ];
+        for text in refused {
+            assert!(matches!(framing(text), Err(WireError::Framing(_))), "{text:?}");
+        }
+        let head = head("HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n", &Method::HEAD)
+            .unwrap()
+            .unwrap();
+        assert_eq!(head.framing, ResponseFraming::Empty);
+    }
+
+    #[test]
+    fn only_an_http_1_1_answer_without_close_keeps_its_connection() {
+        let keeps = |text: &str| head(text, &Method::GET).unwrap().unwrap().keep_alive;
+        assert!(!keeps(
+            "HTTP/1.1 200 OK\r\nConnection: keep-alive, Close\r\nContent-Length: 0\r\n\r\n"
+        ));
+        assert!(!keeps("HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n"));
+        assert!(!keeps("HTTP/1.1 200 OK\r\n\r\n"));
+        assert!(keeps("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"));
+    }
+
+    #[test]
+    fn malformed_heads_are_errors() {
+        for text in [
+            "HTTP/1.1 999x OK\r\n\r\n",
+            "HTTP/2 200 OK\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nbad header\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nx: a\rb\r\n\r\n",
+        ] {
+            assert!(head(text, &Method::GET).is_err(), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn a_request_head_is_framed_by_its_body_alone() {
+        let request = http::Request::post("/a?b=1")
+            .header("host", "up")
+            .header("content-length", "999")
+            .header("transfer-encoding", "chunked")
+            .body(())
+            .unwrap();
+        let (parts, ()) = request.into_parts();
+        let mut out = Vec::new();
+        write_request_head(&mut out, &parts, RequestFraming::Length(3));
+        assert_eq!(
+            out,
+            b"POST /a?b=1 HTTP/1.1\r\nhost: up\r\ncontent-length: 3\r\n\r\n"
+        );
+        out.clear();
+        write_request_head(&mut out, &parts, RequestFraming::Chunked);
+        assert_eq!(
+            out,
+            b"POST /a?b=1 HTTP/1.1\r\nhost: up\r\ntransfer-encoding: chunked\r\n\r\n"
+        );
+        assert_eq!(RequestFraming::of(Some(0), true, false), RequestFraming::Empty);
+        assert_eq!(RequestFraming::of(Some(0), true, true), RequestFraming::Length(0));
+        assert_eq!(RequestFraming::of(None, false, false), RequestFraming::Chunked);
+    }
+
+    /// Decodes `wire` fed in pieces of the given sizes (cycled); the data, the trailers, and
+    /// whether the end was reached.
+    fn decode_in_pieces(
+        wire: &[u8],
+        pieces: &[usize],
+    ) -> Result<(Vec<u8>, Option<HeaderMap>, bool), WireError> {
+        let mut decoder = Chunked::Size;
+        let mut buffer = BytesMut::new();
+        let (mut data, mut trailers) = (Vec::new(), None);
+        let mut fed = 0;
+        let mut sizes = pieces.iter().copied().cycle();
+        loop {
+            match decoder.decode(&mut buffer)? {
+                Decoded::Data(bytes) => data.extend_from_slice(&bytes),
+                Decoded::Trailers(map) => trailers = Some(map),
+                Decoded::End => return Ok((data, trailers, true)),
+                Decoded::More if fed == wire.len() => return Ok((data, trailers, false)),
+                Decoded::More => {
+                    let take = sizes.next().unwrap_or(1).max(1).min(wire.len() - fed);
+                    buffer.extend_from_slice(&wire[fed..fed + take]);
+                    fed += take;
+                }
+            }
+        }
+    }
+
+    /// The reference: `chunks` written as RFC 9112 writes them.
+    fn encode(chunks: &[Vec<u8>], extension: bool, trailer: Option<&str>) -> Vec<u8> {
+        let mut wire = Vec::new();
+        for chunk in chunks.iter().filter(|chunk| !chunk.is_empty()) {
+            write_chunk_size(&mut wire, chunk.len());
+            if extension {
+                wire.truncate(wire.len() - 2);
+                wire.extend_from_slice(b" ;name=\"v\"\r\n");
+            }
+            wire.extend_from_slice(chunk);
+            wire.extend_from_slice(CHUNK_END);
+        }
+        let mut trailers = HeaderMap::new();
+        if let Some(value) = trailer {
+            trailers.insert("x-trailer", HeaderValue::from_str(value).unwrap());
+        }
+        write_last_chunk(&mut wire, Some(&trailers));
+        wire
+    }
+
+    proptest! {
+        #[test]
+        fn chunked_bodies_decode_to_what_was_encoded_however_they_arrive(
+            chunks in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..300), 0..8),
+            pieces in prop::collection::vec(1usize..64, 1..6),
+            extension in any::<bool>(),
+            trailer in prop::option::of("[a-z]{1,10}"),
+        ) {
+            let wire = encode(&chunks, extension, trailer.as_deref());
+            let (data, trailers, ended) = decode_in_pieces(&wire, &pieces).unwrap();
+            prop_assert!(ended);
+            prop_assert_eq!(data, chunks.concat());
+            let got = trailers.and_then(|map| map.get("x-trailer").map(|v| v.to_str().unwrap().to_owned()));
+            prop_assert_eq!(got, trailer);
+        }
+
+        #[test]
+        fn a_chunked_body_cut_short_never_ends(
+            chunks in prop::collection::vec(prop::collection::vec(any::<u8>(), 1..100), 1..5),
+            cut in any::<prop::sample::Index>(),
+        ) {
+            let wire = encode(&chunks, false, None);
+            let cut = cut.index(wire.len());
+            let (_, _, ended) = decode_in_pieces(&wire[..cut], &[7]).unwrap();
+            prop_assert!(!ended);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic_the_decoder(wire in prop::collection::vec(any::<u8>(), 0..200)) {
+            let _ = decode_in_pieces(&wire, &[3]);
+        }
+    }
+
+    #[test]
+    fn chunk_lines_that_could_be_read_two_ways_are_refused() {
+        for wire in [
+            &b"5\nhello\r\n0\r\n\r\n"[..],
+            b"5\r\nhello\n0\r\n\r\n",
+            b"5\rx\nhello\r\n0\r\n\r\n",
+            b"-5\r\nhello\r\n0\r\n\r\n",
+            b"0x5\r\nhello\r\n0\r\n\r\n",
+            b"11111111111111111\r\n",
+            b"5 x\r\nhello\r\n0\r\n\r\n",
+            b"5\r\nhelloXY0\r\n\r\n",
+        ] {
+            assert!(
+                decode_in_pieces(wire, &[64]).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(wire)
+            );
+        }
+        let long = format!("5;{}\r\nhello\r\n0\r\n\r\n", "x".repeat(MAX_CHUNK_LINE));
+        assert!(decode_in_pieces(long.as_bytes(), &[64]).is_err());
+    }
+}
