@@ -51,6 +51,10 @@ const MAX_STALE_TRIES: usize = 4;
 /// in one read, a long body in reads of this size.
 const READ_SIZE: usize = 16 * 1024;
 
+/// Room made in an answer's header map for the headers added on its way to the client (the
+/// rate-limit fields), so the map is not grown and rehashed for them.
+const HEADER_ROOM: usize = 8;
+
 /// Keep-alive connections to a set of upstreams.
 pub struct Pool {
     /// One idle list per upstream, found by its URL (a handful: a linear search is fastest).
@@ -109,7 +113,7 @@ impl Connection {
         method: &Method,
     ) -> Poll<Result<wire::ResponseHead, ExchangeError>> {
         loop {
-            if let Some(head) = wire::read_response_head(&mut self.read, method)? {
+            if let Some(head) = wire::read_response_head(&mut self.read, method, HEADER_ROOM)? {
                 if head.status.is_informational() && head.status != http::StatusCode::SWITCHING_PROTOCOLS {
                     continue;
                 }

@@ -8,9 +8,12 @@
 //! (`Content-Length` with `Transfer-Encoding`, differing lengths, a transfer coding besides
 //! `chunked`, a bare LF in a chunk's lines) is refused rather than guessed at.
 
+use std::mem::MaybeUninit;
+
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version, request};
+use httparse::ParserConfig;
 
 /// The most headers a response head may carry (as hyper's default).
 const MAX_HEADERS: usize = 100;
@@ -155,20 +158,30 @@ pub struct ResponseHead {
 }
 
 /// Parses the response head at the start of `buffer`, and takes it off. `Ok(None)`: not
-/// all of it has arrived. The framing follows RFC 9112 §6.3 for an answer to `method`.
+/// all of it has arrived. The framing follows RFC 9112 §6.3 for an answer to `method`;
+/// `room` is how many more headers the map is made ready for (those the proxy adds).
 ///
 /// # Errors
 /// The head is malformed, too large, or frames its body ambiguously.
-pub fn read_response_head(buffer: &mut BytesMut, method: &Method) -> Result<Option<ResponseHead>, WireError> {
-    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut parsed = httparse::Response::new(&mut slots);
-    let length = match parsed.parse(buffer) {
-        Ok(httparse::Status::Complete(length)) => length,
-        Ok(httparse::Status::Partial) if buffer.len() >= MAX_HEAD => return Err(WireError::HeadTooLarge),
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(httparse::Error::TooManyHeaders) => return Err(WireError::HeadTooLarge),
-        Err(e) => return Err(WireError::Head(e)),
-    };
+pub fn read_response_head(
+    buffer: &mut BytesMut,
+    method: &Method,
+    room: usize,
+) -> Result<Option<ResponseHead>, WireError> {
+    if buffer.is_empty() {
+        return Ok(None);
+    }
+    // Left uninitialized: only the parsed ones are read.
+    let mut slots = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut parsed = httparse::Response::new(&mut []);
+    let length =
+        match ParserConfig::default().parse_response_with_uninit_headers(&mut parsed, buffer, &mut slots) {
+            Ok(httparse::Status::Complete(length)) => length,
+            Ok(httparse::Status::Partial) if buffer.len() >= MAX_HEAD => return Err(WireError::HeadTooLarge),
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(httparse::Error::TooManyHeaders) => return Err(WireError::HeadTooLarge),
+            Err(e) => return Err(WireError::Head(e)),
+        };
     if length > MAX_HEAD {
         return Err(WireError::HeadTooLarge);
     }
@@ -179,26 +192,28 @@ pub fn read_response_head(buffer: &mut BytesMut, method: &Method) -> Result<Opti
     } else {
         Version::HTTP_11
     };
-    // Values are slices of the head, shared rather than copied.
+    // Names and values become slices of the head, shared rather than copied; the head's
+    // buffer is split off once the parse that borrows it is done.
     let base = buffer.as_ptr() as usize;
     let at = |slice: &[u8]| {
         let start = slice.as_ptr() as usize - base;
-        (start, start + slice.len())
+        start..start + slice.len()
     };
-    let spans: Vec<((usize, usize), (usize, usize))> = (parsed.headers.iter())
+    let spans: Vec<_> = (parsed.headers.iter())
         .map(|header| (at(header.name.as_bytes()), at(header.value)))
         .collect();
     let head = buffer.split_to(length).freeze();
-    let mut headers = HeaderMap::with_capacity(spans.len());
-    for ((name_start, name_end), (start, end)) in spans {
-        let name = HeaderName::from_bytes(&head[name_start..name_end]).map_err(|_| WireError::Header)?;
-        let value = HeaderValue::from_maybe_shared(head.slice(start..end)).map_err(|_| WireError::Header)?;
+    let mut headers = HeaderMap::with_capacity(spans.len() + room);
+    let mut framing = FramingFields::default();
+    for (name, value) in spans {
+        let name = HeaderName::from_bytes(&head[name]).map_err(|_| WireError::Header)?;
+        let value = HeaderValue::from_maybe_shared(head.slice(value)).map_err(|_| WireError::Header)?;
+        framing.see(&name, value.as_bytes());
         headers.append(name, value);
     }
-    let framing = response_framing(status, &headers, method)?;
-    let keep_alive = version == Version::HTTP_11
-        && framing != ResponseFraming::UntilClose
-        && !has_token(&headers, &CONNECTION, "close");
+    let framing = framing.framing(status, method)?;
+    let keep_alive =
+        version == Version::HTTP_11 && framing != ResponseFraming::UntilClose && !asks_close(&headers);
     Ok(Some(ResponseHead {
         status,
         version,
@@ -208,46 +223,59 @@ pub fn read_response_head(buffer: &mut BytesMut, method: &Method) -> Result<Opti
     }))
 }
 
-/// The framing of a response (RFC 9112 §6.3), refusing what could be read two ways.
-fn response_framing(
-    status: StatusCode,
-    headers: &HeaderMap,
-    method: &Method,
-) -> Result<ResponseFraming, WireError> {
-    if *method == Method::HEAD
-        || status.is_informational()
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED
-    {
-        return Ok(ResponseFraming::Empty);
+/// Whether `Connection` has a `close` token.
+fn asks_close(headers: &HeaderMap) -> bool {
+    (headers.get_all(CONNECTION).iter())
+        .flat_map(|value| value.as_bytes().split(|&byte| byte == b','))
+        .any(|token| token.trim_ascii().eq_ignore_ascii_case(b"close"))
+}
+
+/// What a response head says about its framing, gathered as its fields are read.
+#[derive(Default)]
+struct FramingFields {
+    /// The `Content-Length` values (all must agree), `Err` if one is not a number.
+    length: Option<Result<u64, ()>>,
+    /// The transfer codings listed, in order: only `chunked` alone is accepted.
+    codings: usize,
+    chunked: bool,
+}
+
+impl FramingFields {
+    fn see(&mut self, name: &HeaderName, value: &[u8]) {
+        if name == CONTENT_LENGTH {
+            for length in value.split(|&byte| byte == b',') {
+                let length = decimal(length.trim_ascii()).ok_or(());
+                self.length = match self.length {
+                    None => Some(length),
+                    Some(Ok(known)) if length == Ok(known) => Some(Ok(known)),
+                    Some(_) => Some(Err(())),
+                };
+            }
+        } else if name == TRANSFER_ENCODING {
+            for coding in value.split(|&byte| byte == b',') {
+                self.codings += 1;
+                self.chunked = coding.trim_ascii().eq_ignore_ascii_case(b"chunked");
+            }
+        }
     }
-    let transfer = headers.contains_key(TRANSFER_ENCODING);
-    let length = headers.contains_key(CONTENT_LENGTH);
-    match (transfer, length) {
-        (true, true) => Err(WireError::Framing("both Content-Length and Transfer-Encoding")),
-        (true, false) => {
-            let mut codings = (headers.get_all(TRANSFER_ENCODING).iter())
-                .flat_map(|value| value.as_bytes().split(|&byte| byte == b','))
-                .map(<[u8]>::trim_ascii);
-            match (codings.next(), codings.next()) {
-                (Some(only), None) if only.eq_ignore_ascii_case(b"chunked") => Ok(ResponseFraming::Chunked),
-                _ => Err(WireError::Framing("a transfer coding other than chunked alone")),
-            }
+
+    /// The framing of a response (RFC 9112 §6.3), refusing what could be read two ways.
+    fn framing(&self, status: StatusCode, method: &Method) -> Result<ResponseFraming, WireError> {
+        if *method == Method::HEAD
+            || status.is_informational()
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED
+        {
+            return Ok(ResponseFraming::Empty);
         }
-        (false, true) => {
-            let mut lengths = (headers.get_all(CONTENT_LENGTH).iter())
-                .flat_map(|value| value.as_bytes().split(|&byte| byte == b','))
-                .map(|length| decimal(length.trim_ascii()));
-            let first = lengths
-                .next()
-                .flatten()
-                .ok_or(WireError::Framing("Content-Length"))?;
-            if lengths.any(|other| other != Some(first)) {
-                return Err(WireError::Framing("differing Content-Length values"));
-            }
-            Ok(ResponseFraming::Length(first))
+        match (self.codings, self.length) {
+            (0, None) => Ok(ResponseFraming::UntilClose),
+            (0, Some(Ok(length))) => Ok(ResponseFraming::Length(length)),
+            (0, Some(Err(()))) => Err(WireError::Framing("Content-Length not one number")),
+            (_, Some(_)) => Err(WireError::Framing("both Content-Length and Transfer-Encoding")),
+            (1, None) if self.chunked => Ok(ResponseFraming::Chunked),
+            (_, None) => Err(WireError::Framing("a transfer coding other than chunked alone")),
         }
-        (false, false) => Ok(ResponseFraming::UntilClose),
     }
 }
 
@@ -261,13 +289,6 @@ fn decimal(digits: &[u8]) -> Option<u64> {
             .iter()
             .fold(0, |value, digit| value * 10 + u64::from(digit - b'0')),
     )
-}
-
-/// Whether one of `name`'s comma-separated values is `token`.
-fn has_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
-    (headers.get_all(name).iter())
-        .flat_map(|value| value.as_bytes().split(|&byte| byte == b','))
-        .any(|value| value.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
 }
 
 /// What a chunked body's decoder found next.
@@ -432,7 +453,7 @@ mod tests {
     use super::*;
 
     fn head(text: &str, method: &Method) -> Result<Option<ResponseHead>, WireError> {
-        read_response_head(&mut BytesMut::from(text), method)
+        read_response_head(&mut BytesMut::from(text), method, 0)
     }
 
     fn framing(text: &str) -> Result<ResponseFraming, WireError> {
@@ -443,7 +464,7 @@ mod tests {
     fn a_response_head_is_read_with_its_headers_and_the_rest_left() {
         let mut buffer =
             BytesMut::from("HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: 1\r\nx-a: 2\r\n\r\nhello");
-        let head = read_response_head(&mut buffer, &Method::GET).unwrap().unwrap();
+        let head = read_response_head(&mut buffer, &Method::GET, 0).unwrap().unwrap();
         assert_eq!(head.status, StatusCode::OK);
         assert_eq!(head.framing, ResponseFraming::Length(5));
         assert!(head.keep_alive);
