@@ -204,9 +204,15 @@ impl Proxy {
             (true, Some(client_side), Some(protocol)) => {
                 forward::keep_upgrade(response.headers_mut(), protocol);
                 let (parts, body) = response.into_parts();
-                if let Some(upstream_side) = body.upgrade() {
-                    tunnel::spawn(client_side, upstream_side, place);
-                }
+                let Some(upstream_side) = body.upgrade() else {
+                    self.stats.failed(Failure::Broken);
+                    let detail = format!(
+                        "{}: switched protocols before the request was sent",
+                        target.authority
+                    );
+                    return self.own_answer(StatusCode::BAD_GATEWAY, "Bad gateway", &detail);
+                };
+                tunnel::spawn(client_side, upstream_side, place);
                 self.stats.answered(StatusCode::SWITCHING_PROTOCOLS);
                 return Response::from_parts(parts, ServeBody::from(Bytes::new()));
             }

@@ -27,7 +27,7 @@ use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::{HeaderMap, Method, Request, Response};
+use http::{Method, Request, Response};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use sluice_config::UpstreamUrl;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -80,6 +80,8 @@ struct Connection {
     io: UpstreamStream,
     /// What the upstream sent that is not used yet.
     read: BytesMut,
+    /// Whether anything of an answer to the request in flight arrived (a 1xx included).
+    heard: bool,
     /// The head timeout of the request in flight. One timer a connection, moved forward for
     /// each request: a later deadline is set without touching the runtime's timer wheel,
     /// where a timer made and dropped per request would be inserted and removed each time.
@@ -103,7 +105,13 @@ impl Connection {
         if self.read.capacity() - self.read.len() < READ_SIZE / 4 {
             self.read.reserve(READ_SIZE);
         }
-        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read)
+        let read = ready!(tokio_util::io::poll_read_buf(
+            Pin::new(&mut self.io),
+            cx,
+            &mut self.read
+        ));
+        self.heard |= matches!(read, Ok(1..));
+        Poll::Ready(read)
     }
 
     /// Reads up to the answer's head, skipping interim (1xx) answers but `101`.
@@ -219,6 +227,9 @@ struct Upload<B> {
     sent: u64,
     /// The body has given its last frame (or has none to give).
     body_done: bool,
+    /// Why the upstream stopped taking the request, if it did: the rest is not sent, and its
+    /// answer (a 413, say) is still read.
+    cut: Option<io::Error>,
 }
 
 impl<B> Upload<B>
@@ -236,7 +247,14 @@ where
             framing,
             sent: 0,
             body_done,
+            cut: None,
         }
+    }
+
+    /// Makes the request ready to be sent again from its start (it has no body).
+    fn restart(&mut self) {
+        self.head_sent = 0;
+        self.cut = None;
     }
 
     /// Writes as much of the request as `io` and the body allow; ready once all is written.
@@ -246,9 +264,20 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Result<(), ExchangeError>> {
         loop {
-            ready!(self.poll_write_parts(io, cx)).map_err(ExchangeError::Write)?;
+            if self.cut.is_some() {
+                return Poll::Ready(Ok(()));
+            }
+            let written = match ready!(self.poll_write_parts(io, cx)) {
+                Ok(()) if self.body_done => ready!(Pin::new(&mut *io).poll_flush(cx)),
+                written => written,
+            };
+            if let Err(e) = written {
+                self.parts.clear();
+                self.cut = Some(e);
+                return Poll::Ready(Ok(()));
+            }
             if self.body_done {
-                return Pin::new(&mut *io).poll_flush(cx).map_err(ExchangeError::Write);
+                return Poll::Ready(Ok(()));
             }
             let frame = match ready!(Pin::new(&mut self.body).poll_frame(cx)) {
                 Some(Ok(frame)) => frame,
@@ -256,7 +285,7 @@ where
                 None => {
                     self.body_done = true;
                     match self.framing {
-                        RequestFraming::Chunked => self.parts.push_back(last_chunk(None)),
+                        RequestFraming::Chunked => self.parts.push_back(Bytes::from_static(wire::LAST_CHUNK)),
                         RequestFraming::Length(length) if self.sent != length => {
                             return Poll::Ready(Err(ExchangeError::RequestLength));
                         }
@@ -281,14 +310,10 @@ where
                         _ => return Poll::Ready(Err(ExchangeError::RequestLength)),
                     }
                 }
-                Err(frame) => {
-                    // Trailers end a chunked body; a body framed by its length cannot carry
-                    // them, and they are dropped as hyper's client drops them.
-                    if let (Ok(trailers), RequestFraming::Chunked) = (frame.into_trailers(), self.framing) {
-                        self.parts.push_back(last_chunk(Some(&trailers)));
-                        self.body_done = true;
-                    }
-                }
+                // A client's trailers are not forwarded: they would pass by the hop-by-hop
+                // strip and the forwarding headers, and an upstream may merge them into
+                // its headers.
+                Err(_trailers) => {}
             }
         }
     }
@@ -330,15 +355,8 @@ where
 impl<B> Upload<B> {
     /// Whether all of the request is written.
     fn is_done(&self) -> bool {
-        self.body_done && self.parts.is_empty() && self.head_sent == self.head.len()
+        self.cut.is_none() && self.body_done && self.parts.is_empty() && self.head_sent == self.head.len()
     }
-}
-
-/// The last chunk of a chunked body, with its trailers.
-fn last_chunk(trailers: Option<&HeaderMap>) -> Bytes {
-    let mut end = Vec::new();
-    wire::write_last_chunk(&mut end, trailers);
-    Bytes::from(end)
 }
 
 impl Pool {
@@ -396,10 +414,18 @@ impl Pool {
         let mut upload = Upload::new(head, body, framing);
         let method = parts.method;
         let mut stale = 0;
+        let mut resent = false;
+        // One deadline for the request, however many connections it takes.
+        let mut deadline = None;
         loop {
-            let (mut connection, pooled) = match self.take_idle(slot) {
-                Some(connection) if stale < MAX_STALE_TRIES => (connection, true),
-                _ => (self.connect(target).await?, false),
+            let idle = if stale < MAX_STALE_TRIES {
+                self.take_idle(slot)
+            } else {
+                None
+            };
+            let (mut connection, pooled) = match idle {
+                Some(connection) => (connection, true),
+                None => (self.connect(target).await?, false),
             };
             // A pooled connection is looked at first: the upstream may have closed it while
             // it was idle.
@@ -407,8 +433,9 @@ impl Pool {
                 stale += 1;
                 continue;
             }
-            let deadline = Instant::now() + self.head_timeout;
+            let deadline = *deadline.get_or_insert_with(|| Instant::now() + self.head_timeout);
             connection.head_timer.as_mut().reset(deadline);
+            connection.heard = false;
             let head = poll_fn(|cx| {
                 if let Poll::Ready(Err(e)) = upload.poll_send(&mut connection.io, cx) {
                     return Poll::Ready(Some(Err(e)));
@@ -422,16 +449,29 @@ impl Pool {
             let head = match head {
                 None => return Err(SendError::HeadTimeout(self.head_timeout)),
                 Some(Ok(head)) => head,
-                // Closed under a request that can go again: another connection is tried.
+                // A pooled connection the upstream closed just as the request went out, not
+                // a byte of an answer heard: a request that can go again goes once more, on
+                // a new connection.
                 Some(Err(e))
                     if pooled
+                        && !resent
+                        && !connection.heard
                         && e.unanswered()
-                        && connection.read.is_empty()
                         && resendable(&method, framing) =>
                 {
-                    upload.head_sent = 0;
-                    stale += 1;
+                    upload.restart();
+                    resent = true;
+                    stale = MAX_STALE_TRIES;
                     continue;
+                }
+                // The upstream stopped taking the request and gave no answer: the write's
+                // failure says why.
+                Some(Err(ExchangeError::Closed)) if upload.cut.is_some() => {
+                    let cut = upload
+                        .cut
+                        .take()
+                        .unwrap_or_else(|| io::ErrorKind::BrokenPipe.into());
+                    return Err(ExchangeError::Write(cut).into());
                 }
                 Some(Err(e)) => return Err(e.into()),
             };
@@ -464,6 +504,7 @@ impl Pool {
         Ok(Connection {
             io,
             read: BytesMut::new(),
+            heard: false,
             head_timer: Box::pin(tokio::time::sleep(self.head_timeout)),
         })
     }
@@ -573,6 +614,11 @@ impl<B> PooledBody<B> {
     /// The connection, for an upgrade: after `101` it carries the other protocol, with
     /// whatever of it already arrived read first.
     pub fn upgrade(mut self) -> Option<Upgraded> {
+        // The request must have been sent whole: its body's rest would otherwise be taken
+        // for the new protocol.
+        if !self.upload.is_done() {
+            return None;
+        }
         let connection = self.connection.take()?;
         Some(Upgraded {
             early: connection.read.freeze(),
@@ -619,6 +665,8 @@ where
                 Reading::Chunked(decoder) => match decoder.decode(&mut connection.read) {
                     Ok(Decoded::Data(data)) => data,
                     Ok(Decoded::Trailers(trailers)) => {
+                        // The last frame: servers do not ask again after trailers.
+                        this.reading = Reading::Ended;
                         return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
                     }
                     Ok(Decoded::End) => {
@@ -953,5 +1001,71 @@ mod tests {
             "{refused}"
         );
         assert_eq!(accepted.load(Ordering::SeqCst), 0);
+    }
+
+    /// An upstream that answers its first request with `answer` once it has read the head,
+    /// then does what `then` does with the socket.
+    async fn answering(answer: &'static [u8], linger: Duration) -> UpstreamUrl {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url: UpstreamUrl = format!("http://{}", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let mut seen = Vec::new();
+                    let mut buffer = [0; 4096];
+                    while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match socket.read(&mut buffer).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => seen.extend_from_slice(&buffer[..n]),
+                        }
+                    }
+                    socket.write_all(answer).await.unwrap();
+                    tokio::time::sleep(linger).await;
+                });
+            }
+        });
+        url
+    }
+
+    #[tokio::test]
+    async fn a_chunked_answer_with_trailers_frees_its_connection_after_them() {
+        let url = answering(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nx-sum: 5\r\n\r\n",
+            Duration::from_secs(5),
+        )
+        .await;
+        let pool = pool(&url, 8, Duration::from_secs(60));
+        let mut body = pool.send(&url, get(&url)).await.unwrap().into_body();
+        let data = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(data, "hello");
+        let trailers = body.frame().await.unwrap().unwrap().into_trailers().unwrap();
+        assert_eq!(trailers["x-sum"], "5");
+        // Servers drop a body after its trailers without asking again.
+        drop(body);
+        assert_eq!(pool.idle_count(), 1);
+    }
+
+    #[tokio::test]
+    async fn an_answer_before_the_upload_ends_is_read_though_the_upload_is_cut() {
+        let url = answering(
+            b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 4\r\nconnection: close\r\n\r\nbig!",
+            Duration::from_millis(100),
+        )
+        .await;
+        let pool = pool(&url, 8, Duration::from_secs(60));
+        let upload = http_body_util::Full::new(Bytes::from(vec![7u8; 32 << 20]));
+        let request = Request::post("/").header("host", "up").body(upload).unwrap();
+        let response = pool.send(&url, request).await.unwrap();
+        assert_eq!(response.status(), http::StatusCode::PAYLOAD_TOO_LARGE);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "big!");
+        assert_eq!(
+            pool.idle_count(),
+            0,
+            "a connection whose request was cut is not kept"
+        );
     }
 }

@@ -121,17 +121,8 @@ pub fn write_chunk_size(out: &mut Vec<u8>, size: usize) {
 /// What ends a chunk's data.
 pub const CHUNK_END: &[u8] = b"\r\n";
 
-/// Appends the last chunk and the trailer section of a chunked body.
-pub fn write_last_chunk(out: &mut Vec<u8>, trailers: Option<&HeaderMap>) {
-    out.extend_from_slice(b"0\r\n");
-    for (name, value) in trailers.into_iter().flatten() {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
-}
+/// The last chunk of a chunked body, with no trailers (a client's are not forwarded).
+pub const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
 
 /// How a response's body is framed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -409,9 +400,9 @@ impl Chunked {
 /// Where the CRLF ending the line at the start of `buffer` is, if it has arrived. A bare LF
 /// or CR, or a line longer than `limit`, is an error.
 fn line_end(buffer: &[u8], limit: usize) -> Result<Option<usize>, WireError> {
-    let seen = &buffer[..buffer.len().min(limit + 2)];
+    let seen = &buffer[..buffer.len().min(limit + 1)];
     match seen.iter().position(|&byte| byte == b'\n' || byte == b'\r') {
-        Some(at) if seen[at] == b'\r' => match seen.get(at + 1) {
+        Some(at) if seen[at] == b'\r' => match buffer.get(at + 1) {
             Some(b'\n') => Ok(Some(at)),
             Some(_) => Err(WireError::Chunk("a bare CR in a chunk line")),
             None => Ok(None),
@@ -611,11 +602,11 @@ mod tests {
             wire.extend_from_slice(chunk);
             wire.extend_from_slice(CHUNK_END);
         }
-        let mut trailers = HeaderMap::new();
+        wire.extend_from_slice(b"0\r\n");
         if let Some(value) = trailer {
-            trailers.insert("x-trailer", HeaderValue::from_str(value).unwrap());
+            wire.extend_from_slice(format!("x-trailer: {value}\r\n").as_bytes());
         }
-        write_last_chunk(&mut wire, Some(&trailers));
+        wire.extend_from_slice(b"\r\n");
         wire
     }
 
@@ -672,5 +663,15 @@ mod tests {
         }
         let long = format!("5;{}\r\nhello\r\n0\r\n\r\n", "x".repeat(MAX_CHUNK_LINE));
         assert!(decode_in_pieces(long.as_bytes(), &[64]).is_err());
+        // A line whose CR is the last byte looked at still ends where its LF says.
+        for extension in [MAX_CHUNK_LINE - 2, MAX_CHUNK_LINE - 1] {
+            let edge = format!("1;{}\r\nx\r\n0\r\n\r\n", "x".repeat(extension));
+            let decoded = decode_in_pieces(edge.as_bytes(), &[5000]);
+            if edge.find('\r').unwrap() <= MAX_CHUNK_LINE {
+                assert_eq!(decoded.unwrap().0, b"x");
+            } else {
+                assert!(decoded.is_err());
+            }
+        }
     }
 }
