@@ -16,7 +16,7 @@ static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host"
 static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
 /// The hop-by-hop headers every message loses, besides those its `Connection` names.
-fn hop_by_hop() -> [&'static HeaderName; 6] {
+pub fn hop_by_hop() -> [&'static HeaderName; 6] {
     [
         &CONNECTION,
         &KEEP_ALIVE,

@@ -198,7 +198,12 @@ impl Proxy {
         };
         self.stats.timed(started.elapsed());
         let switching = forward::upgraded(response.status());
-        let upstream_upgrade = forward::strip_hop_by_hop(response.headers_mut(), Version::HTTP_11);
+        // The upstream's hop-by-hop fields were left out as its head was read.
+        let upstream_upgrade = if switching {
+            response.body_mut().offered_upgrade()
+        } else {
+            None
+        };
         match (switching, client_side, upstream_upgrade) {
             (false, ..) => {}
             (true, Some(client_side), Some(protocol)) => {

@@ -27,7 +27,7 @@ use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::{Method, Request, Response};
+use http::{HeaderValue, Method, Request, Response};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use sluice_config::UpstreamUrl;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -487,6 +487,7 @@ impl Pool {
                 upload,
                 reading,
                 keep_alive,
+                upgrade: head.upgrade,
                 connection: Some(connection),
                 pool: Arc::clone(self),
                 slot,
@@ -586,6 +587,8 @@ pub struct PooledBody<B = OutgoingBody> {
     reading: Reading,
     /// Whether the answer lets the connection carry another request.
     keep_alive: bool,
+    /// The protocol a `101` switches to.
+    upgrade: Option<HeaderValue>,
     /// `None` once given up (broken, or handed to an upgrade).
     connection: Option<Connection>,
     pool: Arc<Pool>,
@@ -609,6 +612,11 @@ impl<B> PooledBody<B> {
         }
         self.reading = Reading::Ended;
         Some(connection.read.split_to(length).freeze())
+    }
+
+    /// The `Upgrade` value of the answer, when its `Connection` named it.
+    pub fn offered_upgrade(&mut self) -> Option<HeaderValue> {
+        self.upgrade.take()
     }
 
     /// The connection, for an upgrade: after `101` it carries the other protocol, with

@@ -11,9 +11,11 @@
 use std::mem::MaybeUninit;
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version, request};
 use httparse::ParserConfig;
+
+use super::forward::hop_by_hop;
 
 /// The most headers a response head may carry (as hyper's default).
 const MAX_HEADERS: usize = 100;
@@ -137,15 +139,18 @@ pub enum ResponseFraming {
     UntilClose,
 }
 
-/// A parsed response head.
+/// A parsed response head, its hop-by-hop fields left out (a proxy never passes them on).
 #[derive(Debug)]
 pub struct ResponseHead {
     pub status: StatusCode,
     pub version: Version,
+    /// The end-to-end fields.
     pub headers: HeaderMap,
     pub framing: ResponseFraming,
     /// Whether the connection can carry another request after this answer.
     pub keep_alive: bool,
+    /// The `Upgrade` value, when `Connection` names it.
+    pub upgrade: Option<HeaderValue>,
 }
 
 /// Parses the response head at the start of `buffer`, and takes it off. `Ok(None)`: not
@@ -196,29 +201,69 @@ pub fn read_response_head(
     let head = buffer.split_to(length).freeze();
     let mut headers = HeaderMap::with_capacity(spans.len() + room);
     let mut framing = FramingFields::default();
+    let mut hop = HopFields::default();
     for (name, value) in spans {
         let name = HeaderName::from_bytes(&head[name]).map_err(|_| WireError::Header)?;
         let value = HeaderValue::from_maybe_shared(head.slice(value)).map_err(|_| WireError::Header)?;
         framing.see(&name, value.as_bytes());
-        headers.append(name, value);
+        if hop_by_hop().contains(&&name) {
+            hop.see(&name, value);
+        } else {
+            headers.append(name, value);
+        }
+    }
+    // Those `Connection` names are hop-by-hop too (RFC 9110 §7.6.1).
+    for name in &hop.named {
+        headers.remove(name);
     }
     let framing = framing.framing(status, method)?;
-    let keep_alive =
-        version == Version::HTTP_11 && framing != ResponseFraming::UntilClose && !asks_close(&headers);
+    let keep_alive = version == Version::HTTP_11 && framing != ResponseFraming::UntilClose && !hop.close;
     Ok(Some(ResponseHead {
         status,
         version,
         headers,
         framing,
         keep_alive,
+        upgrade: hop.upgrade.filter(|_| hop.upgrade_named),
     }))
 }
 
-/// Whether `Connection` has a `close` token.
-fn asks_close(headers: &HeaderMap) -> bool {
-    (headers.get_all(CONNECTION).iter())
-        .flat_map(|value| value.as_bytes().split(|&byte| byte == b','))
-        .any(|token| token.trim_ascii().eq_ignore_ascii_case(b"close"))
+/// What a response head's hop-by-hop fields say, gathered as they are read.
+#[derive(Default)]
+struct HopFields {
+    /// `Connection: close`.
+    close: bool,
+    /// `Connection: upgrade`.
+    upgrade_named: bool,
+    /// The `Upgrade` value.
+    upgrade: Option<HeaderValue>,
+    /// The other fields `Connection` names (seldom any).
+    named: Vec<HeaderName>,
+}
+
+impl HopFields {
+    fn see(&mut self, name: &HeaderName, value: HeaderValue) {
+        if name == UPGRADE {
+            self.upgrade = Some(value);
+            return;
+        }
+        if name != CONNECTION {
+            return;
+        }
+        for token in value
+            .as_bytes()
+            .split(|&byte| byte == b',')
+            .map(<[u8]>::trim_ascii)
+        {
+            if token.eq_ignore_ascii_case(b"close") {
+                self.close = true;
+            } else if token.eq_ignore_ascii_case(b"upgrade") {
+                self.upgrade_named = true;
+            } else if !token.eq_ignore_ascii_case(b"keep-alive") {
+                self.named.extend(HeaderName::from_bytes(token).ok());
+            }
+        }
+    }
 }
 
 /// What a response head says about its framing, gathered as its fields are read.
@@ -524,6 +569,22 @@ mod tests {
         assert!(!keeps("HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n"));
         assert!(!keeps("HTTP/1.1 200 OK\r\n\r\n"));
         assert!(keeps("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"));
+    }
+
+    #[test]
+    fn hop_by_hop_fields_and_those_connection_names_are_left_out() {
+        let text = "HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Private\r\nKeep-Alive: timeout=5\r\n\
+                    X-Private: 1\r\nUpgrade: h2c\r\nProxy-Connection: x\r\nX-Kept: 1\r\nContent-Length: 0\r\n\r\n";
+        let kept = head(text, &Method::GET).unwrap().unwrap();
+        let mut names: Vec<_> = kept.headers.keys().map(HeaderName::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["content-length", "x-kept"]);
+        assert_eq!(kept.upgrade, None, "Connection does not name it");
+        assert!(kept.keep_alive);
+        let text = "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n";
+        let switching = head(text, &Method::GET).unwrap().unwrap();
+        assert_eq!(switching.upgrade.unwrap(), "websocket");
+        assert!(switching.headers.is_empty());
     }
 
     #[test]
