@@ -14,6 +14,8 @@ static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+/// `FORWARDED` as a static, for [`Added`].
+static FORWARDED_NAME: HeaderName = FORWARDED;
 
 /// The hop-by-hop headers every message loses, besides those its `Connection` names.
 pub fn hop_by_hop() -> [&'static HeaderName; 6] {
@@ -92,11 +94,16 @@ pub struct Client {
     pub scheme: &'static str,
 }
 
+/// Forwarding fields to be written after a request's own, rather than put in its map (where
+/// each would be hashed in, and might grow it).
+pub type Added = [(&'static HeaderName, HeaderValue); 3];
+
 /// Writes `X-Forwarded-For`, `Forwarded` and `X-Forwarded-Proto`. A trusted proxy's own values
 /// are kept and the peer appended (an upstream that walks the list from the right, trusting
 /// the same proxies and sluice, finds the client sluice keyed); anyone else's, and their
-/// `X-Real-IP` and `X-Forwarded-Host`, are replaced by what sluice saw.
-pub fn write_forwarding(headers: &mut HeaderMap, client: &Client) {
+/// `X-Real-IP` and `X-Forwarded-Host`, are removed and sluice's returned, to be written
+/// after the request's fields.
+pub fn write_forwarding(headers: &mut HeaderMap, client: &Client) -> Option<Added> {
     let peer = client.peer.to_canonical();
     if !client.trusted {
         let names = [
@@ -112,10 +119,11 @@ pub fn write_forwarding(headers: &mut HeaderMap, client: &Client) {
             }
         }
         let (for_value, forwarded) = own_hop(peer, client.scheme);
-        headers.insert(X_FORWARDED_FOR.clone(), for_value);
-        headers.insert(FORWARDED, forwarded);
-        headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(client.scheme));
-        return;
+        return Some([
+            (&X_FORWARDED_FOR, for_value),
+            (&FORWARDED_NAME, forwarded),
+            (&X_FORWARDED_PROTO, HeaderValue::from_static(client.scheme)),
+        ]);
     }
     extend(headers, &X_FORWARDED_FOR, format_args!("{peer}"));
     match peer {
@@ -133,6 +141,7 @@ pub fn write_forwarding(headers: &mut HeaderMap, client: &Client) {
     if !headers.contains_key(&X_FORWARDED_PROTO) {
         headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(client.scheme));
     }
+    None
 }
 
 /// The `X-Forwarded-For` and `Forwarded` values of a client sluice saw directly. The last
@@ -269,12 +278,19 @@ mod tests {
             trusted: false,
             scheme: "http",
         };
-        write_forwarding(&mut map, &client);
-        assert_eq!(values(&map, "x-forwarded-for"), ["192.0.2.7"]);
-        assert_eq!(values(&map, "forwarded"), ["for=192.0.2.7;proto=http"]);
-        assert_eq!(values(&map, "x-forwarded-proto"), ["http"]);
-        assert!(values(&map, "x-real-ip").is_empty());
-        assert!(values(&map, "x-forwarded-host").is_empty());
+        let added = write_forwarding(&mut map, &client).unwrap();
+        assert!(map.is_empty(), "the client's own are all gone: {map:?}");
+        let added: Vec<_> = (added.iter())
+            .map(|(name, value)| (name.as_str(), value.to_str().unwrap()))
+            .collect();
+        assert_eq!(
+            added,
+            [
+                ("x-forwarded-for", "192.0.2.7"),
+                ("forwarded", "for=192.0.2.7;proto=http"),
+                ("x-forwarded-proto", "http")
+            ]
+        );
     }
 
     #[test]
@@ -285,7 +301,10 @@ mod tests {
             trusted: true,
             scheme: "http",
         };
-        write_forwarding(&mut map, &client);
+        assert!(
+            write_forwarding(&mut map, &client).is_none(),
+            "a trusted proxy's are extended in place"
+        );
         assert_eq!(values(&map, "x-forwarded-for"), ["203.0.113.9, 10.0.0.1"]);
         assert_eq!(values(&map, "x-forwarded-proto"), ["https"]);
         assert_eq!(values(&map, "forwarded"), ["for=10.0.0.1;proto=http"]);
@@ -295,7 +314,7 @@ mod tests {
             scheme: "https",
         };
         let mut map = HeaderMap::new();
-        write_forwarding(&mut map, &v6);
+        assert!(write_forwarding(&mut map, &v6).is_none());
         assert_eq!(values(&map, "forwarded"), ["for=\"[2001:db8::1]\";proto=https"]);
     }
 

@@ -168,14 +168,14 @@ impl Proxy {
         let client_side = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut request));
         let place = request.extensions_mut().remove::<ConnectionPlace>();
         let (mut parts, body) = request.into_parts();
-        if let Some(peer) = peer {
+        let added = peer.and_then(|peer| {
             let client = forward::Client {
                 peer,
                 trusted: self.trusted.trusts(peer),
                 scheme: self.scheme,
             };
-            forward::write_forwarding(&mut parts.headers, &client);
-        }
+            forward::write_forwarding(&mut parts.headers, &client)
+        });
         forward::set_host(&mut parts.headers, parts.uri.authority(), self.keep_host);
         if let Some(upgrade) = &upgrade {
             forward::keep_upgrade(&mut parts.headers, upgrade.clone());
@@ -192,7 +192,11 @@ impl Proxy {
         let outgoing = Request::from_parts(parts, IdleBody::new(body, self.idle_timeout));
 
         let started = Instant::now();
-        let mut response = match self.pool.send(target, outgoing).await {
+        let mut response = match self
+            .pool
+            .send(target, outgoing, added.as_ref().map_or(&[], |added| &added[..]))
+            .await
+        {
             Ok(response) => response,
             Err(e) => return self.failed(target, &e),
         };

@@ -27,7 +27,7 @@ use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::{HeaderValue, Method, Request, Response};
+use http::{HeaderName, HeaderValue, Method, Request, Response};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use sluice_config::UpstreamUrl;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -391,13 +391,14 @@ impl Pool {
     }
 
     /// Sends `request` (its URI in origin form, its `Host` set, its hop-by-hop headers
-    /// removed) to `target` and waits for the response head, at most the head timeout once
+    /// removed), with the `added` fields after its own, to `target` and waits for the response head, at most the head timeout once
     /// the request is under way. The response's body sends the rest of the request's and
     /// reads the answer's; the connection returns to the idle list when both have ended.
     pub async fn send<B>(
         self: &Arc<Self>,
         target: &UpstreamUrl,
         request: Request<B>,
+        added: &[(&HeaderName, HeaderValue)],
     ) -> Result<Response<PooledBody<B>>, SendError>
     where
         B: Body<Data = Bytes> + Unpin,
@@ -410,7 +411,7 @@ impl Pool {
         let declared = parts.headers.contains_key(http::header::CONTENT_LENGTH);
         let framing = RequestFraming::of(body.size_hint().exact(), body.is_end_stream(), declared);
         let mut head = Vec::with_capacity(512);
-        wire::write_request_head(&mut head, &parts, framing);
+        wire::write_request_head(&mut head, &parts, added, framing);
         let mut upload = Upload::new(head, body, framing);
         let method = parts.method;
         let mut stale = 0;
@@ -850,7 +851,7 @@ mod tests {
     }
 
     async fn answer(pool: &Arc<Pool>, url: &UpstreamUrl) -> Result<String, SendError> {
-        let response = pool.send(url, get(url)).await?;
+        let response = pool.send(url, get(url), &[]).await?;
         let body = response.into_body().collect().await?.to_bytes();
         Ok(String::from_utf8(body.to_vec()).unwrap())
     }
@@ -889,7 +890,7 @@ mod tests {
     async fn a_body_dropped_before_its_end_closes_its_connection() {
         let (url, accepted) = upstream("a body nobody reads", usize::MAX).await;
         let pool = pool(&url, 8, Duration::from_secs(60));
-        let response = pool.send(&url, get(&url)).await.unwrap();
+        let response = pool.send(&url, get(&url), &[]).await.unwrap();
         drop(response);
         assert_eq!(pool.idle_count(), 0);
         assert_eq!(answer(&pool, &url).await.unwrap(), "a body nobody reads");
@@ -909,9 +910,9 @@ mod tests {
         let pool = pool(&url, 2, Duration::from_millis(50));
         // Three requests at once need three connections; two are kept.
         let (a, b, c) = tokio::join!(
-            pool.send(&url, get(&url)),
-            pool.send(&url, get(&url)),
-            pool.send(&url, get(&url))
+            pool.send(&url, get(&url), &[]),
+            pool.send(&url, get(&url), &[]),
+            pool.send(&url, get(&url), &[])
         );
         for response in [a, b, c] {
             response.unwrap().into_body().collect().await.unwrap();
@@ -926,13 +927,13 @@ mod tests {
     async fn a_short_body_that_came_with_its_head_is_taken_whole_and_frees_its_connection() {
         let (url, accepted) = upstream("hello", usize::MAX).await;
         let pool = pool(&url, 8, Duration::from_secs(60));
-        let mut body = pool.send(&url, get(&url)).await.unwrap().into_body();
+        let mut body = pool.send(&url, get(&url), &[]).await.unwrap().into_body();
         assert_eq!(body.take_whole(16).as_deref(), Some(&b"hello"[..]));
         drop(body);
         assert_eq!(pool.idle_count(), 1);
 
         // Longer than the limit: left to stream, whole.
-        let mut body = pool.send(&url, get(&url)).await.unwrap().into_body();
+        let mut body = pool.send(&url, get(&url), &[]).await.unwrap().into_body();
         assert_eq!(body.take_whole(4), None);
         assert_eq!(body.collect().await.unwrap().to_bytes(), "hello");
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
@@ -957,7 +958,7 @@ mod tests {
             let _ = socket.read(&mut buffer).await;
         });
         let pool = pool(&url, 8, Duration::from_secs(60));
-        let mut body = pool.send(&url, get(&url)).await.unwrap().into_body();
+        let mut body = pool.send(&url, get(&url), &[]).await.unwrap().into_body();
         assert_eq!(body.take_whole(16), None, "half of it has arrived");
         assert_eq!(body.collect().await.unwrap().to_bytes(), "helloworld");
     }
@@ -984,7 +985,7 @@ mod tests {
         });
         let pool = pool_waiting(&silent, 8, Duration::from_secs(60), Duration::from_millis(100));
         let started = Instant::now();
-        let Err(late) = pool.send(&silent, get(&silent)).await else {
+        let Err(late) = pool.send(&silent, get(&silent), &[]).await else {
             panic!("a silent upstream answered");
         };
         assert!(matches!(late, SendError::HeadTimeout(_)), "{late}");
@@ -1001,7 +1002,7 @@ mod tests {
         let (url, _) = upstream("x", usize::MAX).await;
         let (other, accepted) = upstream("x", usize::MAX).await;
         let pool = pool(&url, 8, Duration::from_secs(60));
-        let Err(refused) = pool.send(&other, get(&other)).await else {
+        let Err(refused) = pool.send(&other, get(&other), &[]).await else {
             panic!("sent to an upstream outside the pool");
         };
         assert!(
@@ -1046,7 +1047,7 @@ mod tests {
         )
         .await;
         let pool = pool(&url, 8, Duration::from_secs(60));
-        let mut body = pool.send(&url, get(&url)).await.unwrap().into_body();
+        let mut body = pool.send(&url, get(&url), &[]).await.unwrap().into_body();
         let data = body.frame().await.unwrap().unwrap().into_data().unwrap();
         assert_eq!(data, "hello");
         let trailers = body.frame().await.unwrap().unwrap().into_trailers().unwrap();
@@ -1066,7 +1067,7 @@ mod tests {
         let pool = pool(&url, 8, Duration::from_secs(60));
         let upload = http_body_util::Full::new(Bytes::from(vec![7u8; 32 << 20]));
         let request = Request::post("/").header("host", "up").body(upload).unwrap();
-        let response = pool.send(&url, request).await.unwrap();
+        let response = pool.send(&url, request, &[]).await.unwrap();
         assert_eq!(response.status(), http::StatusCode::PAYLOAD_TOO_LARGE);
         let body = response.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(body, "big!");

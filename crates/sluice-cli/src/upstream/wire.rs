@@ -72,10 +72,15 @@ impl RequestFraming {
 }
 
 /// Appends the head of a request to `out`: its method, origin-form target, its headers but
-/// `Content-Length` and `Transfer-Encoding` (hop-by-hop ones are removed before), and the
-/// framing header of `framing`. The `http` types guarantee that no method, target, name or
-/// value holds a CR, LF or NUL.
-pub fn write_request_head(out: &mut Vec<u8>, head: &request::Parts, framing: RequestFraming) {
+/// `Content-Length` and `Transfer-Encoding` (hop-by-hop ones are removed before), the
+/// `added` ones, and the framing header of `framing`. The `http` types guarantee that no
+/// method, target, name or value holds a CR, LF or NUL.
+pub fn write_request_head(
+    out: &mut Vec<u8>,
+    head: &request::Parts,
+    added: &[(&HeaderName, HeaderValue)],
+    framing: RequestFraming,
+) {
     let target = head.uri.path_and_query().map_or("/", |target| target.as_str());
     out.extend_from_slice(head.method.as_str().as_bytes());
     out.push(b' ');
@@ -85,10 +90,10 @@ pub fn write_request_head(out: &mut Vec<u8>, head: &request::Parts, framing: Req
         if name == CONTENT_LENGTH || name == TRANSFER_ENCODING {
             continue;
         }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        put_field(out, name, value);
+    }
+    for (name, value) in added {
+        put_field(out, name, value);
     }
     match framing {
         RequestFraming::Empty => {}
@@ -99,6 +104,14 @@ pub fn write_request_head(out: &mut Vec<u8>, head: &request::Parts, framing: Req
         }
         RequestFraming::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
     }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends a `name: value` line.
+fn put_field(out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
+    out.extend_from_slice(name.as_str().as_bytes());
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value.as_bytes());
     out.extend_from_slice(b"\r\n");
 }
 
@@ -609,16 +622,20 @@ mod tests {
             .unwrap();
         let (parts, ()) = request.into_parts();
         let mut out = Vec::new();
-        write_request_head(&mut out, &parts, RequestFraming::Length(3));
+        write_request_head(&mut out, &parts, &[], RequestFraming::Length(3));
         assert_eq!(
             out,
             b"POST /a?b=1 HTTP/1.1\r\nhost: up\r\ncontent-length: 3\r\n\r\n"
         );
         out.clear();
-        write_request_head(&mut out, &parts, RequestFraming::Chunked);
+        let added = [(
+            &http::header::FORWARDED,
+            HeaderValue::from_static("for=192.0.2.1"),
+        )];
+        write_request_head(&mut out, &parts, &added, RequestFraming::Chunked);
         assert_eq!(
             out,
-            b"POST /a?b=1 HTTP/1.1\r\nhost: up\r\ntransfer-encoding: chunked\r\n\r\n"
+            b"POST /a?b=1 HTTP/1.1\r\nhost: up\r\nforwarded: for=192.0.2.1\r\ntransfer-encoding: chunked\r\n\r\n"
         );
         assert_eq!(RequestFraming::of(Some(0), true, false), RequestFraming::Empty);
         assert_eq!(RequestFraming::of(Some(0), true, true), RequestFraming::Length(0));
