@@ -270,3 +270,58 @@ fn failures_leave_no_connections_descriptors_or_threads_behind() {
         "{threads} threads before, {now} after"
     );
 }
+
+/// sluice in front of an upstream answering every request with `answer`.
+fn behind(answer: &'static [u8]) -> (RawUpstream, Server, TempDir) {
+    let upstream = RawUpstream::start(Misbehaviour::Answer(answer));
+    let config = format!(
+        "
+fetch_latency: 0s
+admin: {{listen: 127.0.0.1:0}}
+accounts:
+  tester: 100000/s
+upstream: {{url: {}, head_timeout: 2s}}
+",
+        upstream.url()
+    );
+    let dir = TempDir::new();
+    let file = dir.write("sluice.yaml", &config);
+    let server = Server::start(&["--config", file.to_str().unwrap()]);
+    (upstream, server, dir)
+}
+
+#[test]
+fn bytes_past_an_answers_end_are_never_taken_for_the_next_answer() {
+    // One answer of 2 bytes, then what would read as a second answer: a proxy that kept the
+    // connection would give it to the next request.
+    let (upstream, server, _dir) = behind(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhiHTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nevil",
+    );
+    for round in 1..=5 {
+        let answer = server.client().get("/", &[("X-Account-ID", "tester")]);
+        assert_eq!(
+            (answer.status, answer.body.as_str()),
+            (200, "hi"),
+            "round {round}: {answer:?}"
+        );
+    }
+    assert_eq!(upstream.requests(), 5, "each request reached the upstream");
+}
+
+#[test]
+fn an_answer_framed_two_ways_is_refused_502_and_counted_broken() {
+    for answer in [
+        &b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"[..],
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
+    ] {
+        let (upstream, server, _dir) = behind(answer);
+        let refused = server.client().get("/", &[("X-Account-ID", "tester")]);
+        problem(&refused, 502, upstream.addr);
+        assert!(refused.body.contains("framing"), "{refused:?}");
+        assert_eq!(
+            metric(&server, "sluice_upstream_failures_total{reason=\"broken\"}"),
+            1
+        );
+    }
+}

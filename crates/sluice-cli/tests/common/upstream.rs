@@ -379,6 +379,9 @@ pub enum Misbehaviour {
     ResetMidBody { chunked: bool },
     /// Closes the connection without a word.
     CloseAfterRequest,
+    /// Writes these bytes as the answer to every request of the connection, whatever they
+    /// frame (an answer with more bytes than it announces, two framings, …).
+    Answer(&'static [u8]),
 }
 
 /// A TCP listener on a free local port that misbehaves, until dropped.
@@ -449,15 +452,31 @@ impl Drop for RawUpstream {
     }
 }
 
-fn misbehave(stream: TcpStream, how: Misbehaviour, state: &RawState) {
-    let mut reader = BufReader::new(stream);
+/// Reads a request head (the tests' requests have no body); false if the connection ended.
+fn read_request_head(reader: &mut BufReader<TcpStream>) -> bool {
     loop {
         let mut line = String::new();
         match reader.read_line(&mut line) {
-            Ok(0) | Err(_) => return,
-            Ok(_) if line == "\r\n" => break,
+            Ok(0) | Err(_) => return false,
+            Ok(_) if line == "\r\n" => return true,
             Ok(_) => {}
         }
+    }
+}
+
+fn misbehave(stream: TcpStream, how: Misbehaviour, state: &RawState) {
+    let mut reader = BufReader::new(stream);
+    if let Misbehaviour::Answer(bytes) = how {
+        while read_request_head(&mut reader) {
+            state.requests.fetch_add(1, Ordering::Relaxed);
+            if reader.get_mut().write_all(bytes).is_err() {
+                return;
+            }
+        }
+        return;
+    }
+    if !read_request_head(&mut reader) {
+        return;
     }
     state.requests.fetch_add(1, Ordering::Relaxed);
     let mut stream = reader.into_inner();
@@ -497,6 +516,7 @@ fn misbehave(stream: TcpStream, how: Misbehaviour, state: &RawState) {
         Misbehaviour::CloseAfterRequest => {
             let _ = stream.shutdown(Shutdown::Both);
         }
+        Misbehaviour::Answer(_) => {}
     }
 }
 
