@@ -716,6 +716,43 @@ mod tests {
         }
 
         #[test]
+        fn arbitrary_bytes_never_panic_the_head_reader(
+            wire in prop::collection::vec(any::<u8>(), 0..300),
+            prefix in any::<bool>(),
+        ) {
+            // With a valid status line first, the fuzzing reaches the fields.
+            let mut bytes = if prefix { b"HTTP/1.1 200 OK\r\n".to_vec() } else { Vec::new() };
+            bytes.extend_from_slice(&wire);
+            let mut buffer = BytesMut::from(&bytes[..]);
+            if let Ok(Some(_)) = read_response_head(&mut buffer, &Method::GET, 8) {
+                prop_assert!(buffer.len() < bytes.len(), "a head read takes its bytes off");
+            }
+        }
+
+        #[test]
+        fn a_head_reads_back_the_fields_it_was_written_with(
+            fields in prop::collection::vec(("x-[a-z]{1,12}", "[ -~]{0,40}"), 0..20),
+            length in 0u64..100_000,
+            rest in prop::collection::vec(any::<u8>(), 0..50),
+        ) {
+            let mut text = format!("HTTP/1.1 200 OK\r\ncontent-length: {length}\r\n");
+            for (name, value) in &fields {
+                text.push_str(&format!("{name}: {value}\r\n"));
+            }
+            text.push_str("\r\n");
+            let mut buffer = BytesMut::from(text.as_bytes());
+            buffer.extend_from_slice(&rest);
+            let head = read_response_head(&mut buffer, &Method::GET, 0).unwrap().unwrap();
+            prop_assert_eq!(head.framing, ResponseFraming::Length(length));
+            prop_assert_eq!(&buffer[..], &rest[..], "the body's bytes are left, untouched");
+            for (name, value) in &fields {
+                let values: Vec<&[u8]> = head.headers.get_all(name.as_str()).iter().map(HeaderValue::as_bytes).collect();
+                // Field values lose their surrounding whitespace (RFC 9112 §5.1).
+                prop_assert!(values.contains(&value.trim_matches(' ').as_bytes()), "{} missing in {:?}", name, values);
+            }
+        }
+
+        #[test]
         fn arbitrary_bytes_never_panic_the_decoder(wire in prop::collection::vec(any::<u8>(), 0..200)) {
             let _ = decode_in_pieces(&wire, &[3]);
         }
