@@ -13,7 +13,7 @@ use http_body_util::Full;
 use hyper::body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
-use super::pool::PooledBody;
+use super::exchange::PooledBody;
 use crate::connection::Held;
 
 /// What a body's frames fail with.

@@ -11,6 +11,7 @@
 
 mod body;
 mod client;
+mod exchange;
 mod forward;
 mod pool;
 mod stats;

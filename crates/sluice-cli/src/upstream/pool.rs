@@ -1,5 +1,6 @@
-//! The proxy's keep-alive connections to its upstreams, and the exchange of one request on
-//! one of them, in HTTP/1.1 as `wire` writes and reads it.
+//! The proxy's keep-alive connections to its upstreams, and the start of one request's
+//! exchange on one of them (in HTTP/1.1 as `wire` writes and reads it), up to the answer's
+//! head; `exchange` carries on from there.
 //!
 //! A connection has no task of its own: the task of the request that holds it writes the
 //! request and reads the response head, then, as the server asks for the response body's
@@ -17,25 +18,25 @@
 //! ended (the client left, a timeout) drops it, and with it the exchange: HTTP/1.1 cannot
 //! cancel one request and keep the connection.
 
-use std::collections::VecDeque;
 use std::future::{Future, poll_fn};
-use std::io::{self, IoSlice};
+use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use http::{HeaderName, HeaderValue, Method, Request, Response};
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::body::{Body, Incoming};
 use sluice_config::UpstreamUrl;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
 use super::body::{BoxError, IdleBody};
 use super::client::{ConnectError, Connector, UpstreamStream};
-use super::wire::{self, Chunked, Decoded, RequestFraming, ResponseFraming, WireError};
+use super::exchange::{ExchangeError, PooledBody, Upload};
+use super::wire::{self, RequestFraming};
 
 /// What a forwarded request's body is.
 pub type OutgoingBody = IdleBody<Incoming>;
@@ -76,10 +77,10 @@ struct Idle {
 }
 
 /// One upstream connection.
-struct Connection {
-    io: UpstreamStream,
+pub(super) struct Connection {
+    pub(super) io: UpstreamStream,
     /// What the upstream sent that is not used yet.
-    read: BytesMut,
+    pub(super) read: BytesMut,
     /// Whether anything of an answer to the request in flight arrived (a 1xx included).
     heard: bool,
     /// The head timeout of the request in flight. One timer a connection, moved forward for
@@ -101,7 +102,7 @@ impl Connection {
     }
 
     /// Reads what the upstream sent next into `read`. `Ok(0)`: the upstream closed.
-    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+    pub(super) fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         if self.read.capacity() - self.read.len() < READ_SIZE / 4 {
             self.read.reserve(READ_SIZE);
         }
@@ -152,44 +153,6 @@ pub enum SendError {
     HeadTimeout(Duration),
 }
 
-/// Why an exchange on a connection failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ExchangeError {
-    /// The request could not be written.
-    #[error("writing the request: {0}")]
-    Write(io::Error),
-    /// The answer could not be read.
-    #[error("reading the answer: {0}")]
-    Read(io::Error),
-    /// The upstream closed the connection before its answer ended.
-    #[error("the upstream closed the connection before its answer ended")]
-    Closed,
-    /// The answer is not HTTP/1.1 as RFC 9112 writes it.
-    #[error(transparent)]
-    Wire(#[from] WireError),
-    /// The request's own body failed (its client went away, or paused too long).
-    #[error("the request body failed")]
-    RequestBody(#[source] BoxError),
-    /// The request's body was longer or shorter than its `Content-Length`.
-    #[error("the request body's length differs from its Content-Length")]
-    RequestLength,
-}
-
-impl ExchangeError {
-    /// Whether the upstream may have closed an idle connection just as the request went out:
-    /// it went without an answer, not a byte of one.
-    fn unanswered(&self) -> bool {
-        use io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
-        match self {
-            Self::Closed => true,
-            Self::Read(e) | Self::Write(e) => {
-                matches!(e.kind(), BrokenPipe | ConnectionAborted | ConnectionReset)
-            }
-            _ => false,
-        }
-    }
-}
-
 /// Whether a request may be sent again after its first connection closed under it:
 /// RFC 9110 §9.2.2's idempotent methods, and nothing of its body consumed.
 fn resendable(method: &Method, framing: RequestFraming) -> bool {
@@ -213,150 +176,6 @@ fn this_thread() -> usize {
         static THIS: usize = NEXT.fetch_add(1, Ordering::Relaxed);
     }
     THIS.with(|this| *this)
-}
-
-/// A request's sending: its head, then its body in its framing. Pieces wait in `parts`
-/// (at most three: a chunk's size line, its data and its end) until written; the body is
-/// asked for its next frame only once they are, so an upload holds one frame at a time.
-struct Upload<B> {
-    head: Vec<u8>,
-    head_sent: usize,
-    parts: VecDeque<Bytes>,
-    body: B,
-    framing: RequestFraming,
-    sent: u64,
-    /// The body has given its last frame (or has none to give).
-    body_done: bool,
-    /// Why the upstream stopped taking the request, if it did: the rest is not sent, and its
-    /// answer (a 413, say) is still read.
-    cut: Option<io::Error>,
-}
-
-impl<B> Upload<B>
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<BoxError>,
-{
-    fn new(head: Vec<u8>, body: B, framing: RequestFraming) -> Self {
-        let body_done = matches!(framing, RequestFraming::Empty | RequestFraming::Length(0));
-        Self {
-            head,
-            head_sent: 0,
-            parts: VecDeque::new(),
-            body,
-            framing,
-            sent: 0,
-            body_done,
-            cut: None,
-        }
-    }
-
-    /// Makes the request ready to be sent again from its start (it has no body).
-    fn restart(&mut self) {
-        self.head_sent = 0;
-        self.cut = None;
-    }
-
-    /// Writes as much of the request as `io` and the body allow; ready once all is written.
-    fn poll_send(
-        &mut self,
-        io: &mut UpstreamStream,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<(), ExchangeError>> {
-        loop {
-            if self.cut.is_some() {
-                return Poll::Ready(Ok(()));
-            }
-            let written = match ready!(self.poll_write_parts(io, cx)) {
-                Ok(()) if self.body_done => ready!(Pin::new(&mut *io).poll_flush(cx)),
-                written => written,
-            };
-            if let Err(e) = written {
-                self.parts.clear();
-                self.cut = Some(e);
-                return Poll::Ready(Ok(()));
-            }
-            if self.body_done {
-                return Poll::Ready(Ok(()));
-            }
-            let frame = match ready!(Pin::new(&mut self.body).poll_frame(cx)) {
-                Some(Ok(frame)) => frame,
-                Some(Err(e)) => return Poll::Ready(Err(ExchangeError::RequestBody(e.into()))),
-                None => {
-                    self.body_done = true;
-                    match self.framing {
-                        RequestFraming::Chunked => self.parts.push_back(Bytes::from_static(wire::LAST_CHUNK)),
-                        RequestFraming::Length(length) if self.sent != length => {
-                            return Poll::Ready(Err(ExchangeError::RequestLength));
-                        }
-                        _ => {}
-                    }
-                    continue;
-                }
-            };
-            match frame.into_data() {
-                Ok(data) if data.is_empty() => {}
-                Ok(data) => {
-                    self.sent += data.len() as u64;
-                    match self.framing {
-                        RequestFraming::Length(length) if self.sent <= length => self.parts.push_back(data),
-                        RequestFraming::Chunked => {
-                            let mut size = Vec::with_capacity(18);
-                            wire::write_chunk_size(&mut size, data.len());
-                            self.parts.push_back(Bytes::from(size));
-                            self.parts.push_back(data);
-                            self.parts.push_back(Bytes::from_static(wire::CHUNK_END));
-                        }
-                        _ => return Poll::Ready(Err(ExchangeError::RequestLength)),
-                    }
-                }
-                // A client's trailers are not forwarded: they would pass by the hop-by-hop
-                // strip and the forwarding headers, and an upstream may merge them into
-                // its headers.
-                Err(_trailers) => {}
-            }
-        }
-    }
-
-    /// Writes the head's rest and the waiting parts, in as few calls as the socket allows.
-    fn poll_write_parts(&mut self, io: &mut UpstreamStream, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        while self.head_sent < self.head.len() || !self.parts.is_empty() {
-            let mut slices = [IoSlice::new(&[]); 4];
-            let mut count = 0;
-            if self.head_sent < self.head.len() {
-                slices[0] = IoSlice::new(&self.head[self.head_sent..]);
-                count = 1;
-            }
-            for part in self.parts.iter().take(slices.len() - count) {
-                slices[count] = IoSlice::new(part);
-                count += 1;
-            }
-            let mut written = ready!(Pin::new(&mut *io).poll_write_vectored(cx, &slices[..count]))?;
-            if written == 0 {
-                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
-            }
-            let from_head = written.min(self.head.len() - self.head_sent);
-            self.head_sent += from_head;
-            written -= from_head;
-            while written > 0 {
-                let Some(part) = self.parts.front_mut() else { break };
-                let taken = written.min(part.len());
-                part.advance(taken);
-                written -= taken;
-                if part.is_empty() {
-                    self.parts.pop_front();
-                }
-            }
-        }
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl<B> Upload<B> {
-    /// Whether all of the request is written.
-    fn is_done(&self) -> bool {
-        self.cut.is_none() && self.body_done && self.parts.is_empty() && self.head_sent == self.head.len()
-    }
 }
 
 impl Pool {
@@ -447,7 +266,7 @@ impl Pool {
                 connection.head_timer.as_mut().poll(cx).map(|()| None)
             })
             .await;
-            let head = match head {
+            let mut head = match head {
                 None => return Err(SendError::HeadTimeout(self.head_timeout)),
                 Some(Ok(head)) => head,
                 // A pooled connection the upstream closed just as the request went out, not
@@ -476,23 +295,13 @@ impl Pool {
                 }
                 Some(Err(e)) => return Err(e.into()),
             };
-            let reading = match head.framing {
-                ResponseFraming::Empty => Reading::Ended,
-                ResponseFraming::Length(0) => Reading::Ended,
-                ResponseFraming::Length(length) => Reading::Length(length),
-                ResponseFraming::Chunked => Reading::Chunked(Chunked::Size),
-                ResponseFraming::UntilClose => Reading::UntilClose,
-            };
-            let keep_alive = head.keep_alive && head.status != http::StatusCode::SWITCHING_PROTOCOLS;
-            let mut response = Response::new(PooledBody {
+            let mut response = Response::new(PooledBody::new(
                 upload,
-                reading,
-                keep_alive,
-                upgrade: head.upgrade,
-                connection: Some(connection),
-                pool: Arc::clone(self),
+                &mut head,
+                connection,
+                Arc::clone(self),
                 slot,
-            });
+            ));
             *response.status_mut() = head.status;
             *response.version_mut() = head.version;
             *response.headers_mut() = head.headers;
@@ -523,7 +332,7 @@ impl Pool {
     }
 
     /// Puts `connection` back in `slot`'s idle list, unless the list is full.
-    fn keep(&self, slot: usize, connection: Connection) {
+    pub(super) fn keep(&self, slot: usize, connection: Connection) {
         let mut idle = self.upstreams[slot]
             .1
             .lock()
@@ -565,213 +374,6 @@ async fn reap(pool: Weak<Pool>) {
             Some(pool) => pool.reap(),
             None => return,
         }
-    }
-}
-
-/// Where the reading of a response body is.
-enum Reading {
-    /// This many bytes are left.
-    Length(u64),
-    /// Chunks.
-    Chunked(Chunked),
-    /// Everything until the upstream closes.
-    UntilClose,
-    /// Read to its end.
-    Ended,
-    /// Broken: nothing more comes.
-    Failed,
-}
-
-/// A response body from a pooled connection, which also sends what is left of the request.
-pub struct PooledBody<B = OutgoingBody> {
-    upload: Upload<B>,
-    reading: Reading,
-    /// Whether the answer lets the connection carry another request.
-    keep_alive: bool,
-    /// The protocol a `101` switches to.
-    upgrade: Option<HeaderValue>,
-    /// `None` once given up (broken, or handed to an upgrade).
-    connection: Option<Connection>,
-    pool: Arc<Pool>,
-    slot: usize,
-}
-
-impl<B> PooledBody<B> {
-    /// The whole body, when it is 1 to `limit` bytes long by its `Content-Length` and has
-    /// already arrived (with the head, as a short answer does): it can then be answered at
-    /// once, whole, and the connection is free for the next request.
-    pub fn take_whole(&mut self, limit: u64) -> Option<Bytes> {
-        let Reading::Length(length) = self.reading else {
-            return None;
-        };
-        let connection = self.connection.as_mut()?;
-        let length = usize::try_from(length)
-            .ok()
-            .filter(|&length| length as u64 <= limit)?;
-        if connection.read.len() < length {
-            return None;
-        }
-        self.reading = Reading::Ended;
-        Some(connection.read.split_to(length).freeze())
-    }
-
-    /// The `Upgrade` value of the answer, when its `Connection` named it.
-    pub fn offered_upgrade(&mut self) -> Option<HeaderValue> {
-        self.upgrade.take()
-    }
-
-    /// The connection, for an upgrade: after `101` it carries the other protocol, with
-    /// whatever of it already arrived read first.
-    pub fn upgrade(mut self) -> Option<Upgraded> {
-        // The request must have been sent whole: its body's rest would otherwise be taken
-        // for the new protocol.
-        if !self.upload.is_done() {
-            return None;
-        }
-        let connection = self.connection.take()?;
-        Some(Upgraded {
-            early: connection.read.freeze(),
-            io: connection.io,
-        })
-    }
-}
-
-impl<B> Body for PooledBody<B>
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<BoxError>,
-{
-    type Data = Bytes;
-    type Error = ExchangeError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, ExchangeError>>> {
-        let this = self.get_mut();
-        let Some(connection) = this.connection.as_mut() else {
-            return Poll::Ready(None);
-        };
-        if matches!(this.reading, Reading::Ended | Reading::Failed) {
-            return Poll::Ready(None);
-        }
-        if let Poll::Ready(Err(e)) = this.upload.poll_send(&mut connection.io, cx) {
-            return this.fail(e);
-        }
-        loop {
-            let data = match &mut this.reading {
-                Reading::Ended | Reading::Failed => return Poll::Ready(None),
-                Reading::Length(left) if !connection.read.is_empty() => {
-                    let take = usize::try_from(*left)
-                        .map_or(connection.read.len(), |left| left.min(connection.read.len()));
-                    *left -= take as u64;
-                    if *left == 0 {
-                        this.reading = Reading::Ended;
-                    }
-                    connection.read.split_to(take).freeze()
-                }
-                Reading::UntilClose if !connection.read.is_empty() => connection.read.split().freeze(),
-                Reading::Chunked(decoder) => match decoder.decode(&mut connection.read) {
-                    Ok(Decoded::Data(data)) => data,
-                    Ok(Decoded::Trailers(trailers)) => {
-                        // The last frame: servers do not ask again after trailers.
-                        this.reading = Reading::Ended;
-                        return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
-                    }
-                    Ok(Decoded::End) => {
-                        this.reading = Reading::Ended;
-                        return Poll::Ready(None);
-                    }
-                    Err(e) => return this.fail(e.into()),
-                    Ok(Decoded::More) => match ready!(connection.poll_fill(cx)) {
-                        Ok(0) => return this.fail(ExchangeError::Closed),
-                        Ok(_) => continue,
-                        Err(e) => return this.fail(ExchangeError::Read(e)),
-                    },
-                },
-                Reading::Length(_) | Reading::UntilClose => match ready!(connection.poll_fill(cx)) {
-                    Ok(0) if matches!(this.reading, Reading::UntilClose) => {
-                        this.reading = Reading::Ended;
-                        return Poll::Ready(None);
-                    }
-                    Ok(0) => return this.fail(ExchangeError::Closed),
-                    Ok(_) => continue,
-                    Err(e) => return this.fail(ExchangeError::Read(e)),
-                },
-            };
-            return Poll::Ready(Some(Ok(Frame::data(data))));
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        matches!(self.reading, Reading::Ended | Reading::Failed)
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self.reading {
-            Reading::Length(left) => SizeHint::with_exact(left),
-            Reading::Ended | Reading::Failed => SizeHint::with_exact(0),
-            Reading::Chunked(_) | Reading::UntilClose => SizeHint::default(),
-        }
-    }
-}
-
-impl<B> PooledBody<B> {
-    /// Ends the body with `error`, and its connection.
-    fn fail(&mut self, error: ExchangeError) -> Poll<Option<Result<Frame<Bytes>, ExchangeError>>> {
-        self.reading = Reading::Failed;
-        self.connection = None;
-        Poll::Ready(Some(Err(error)))
-    }
-}
-
-impl<B> Drop for PooledBody<B> {
-    fn drop(&mut self) {
-        let Some(connection) = self.connection.take() else {
-            return;
-        };
-        // Only a connection whose exchange ended both ways, with nothing more arrived, can
-        // take another; any other closes, which ends the exchange on the upstream's side too.
-        if self.keep_alive
-            && matches!(self.reading, Reading::Ended)
-            && self.upload.is_done()
-            && connection.read.is_empty()
-        {
-            self.pool.keep(self.slot, connection);
-        }
-    }
-}
-
-/// An upstream connection after `101 Switching Protocols`.
-pub struct Upgraded {
-    /// What of the new protocol arrived with the answer.
-    early: Bytes,
-    io: UpstreamStream,
-}
-
-impl AsyncRead for Upgraded {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        if !this.early.is_empty() {
-            let take = this.early.len().min(buf.remaining());
-            buf.put_slice(&this.early.split_to(take));
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut this.io).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Upgraded {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
     }
 }
 

@@ -9,7 +9,7 @@ use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::pool::Upgraded;
+use super::exchange::Upgraded;
 
 /// A client connection's place under `max_connections`, put in an upgrade request's
 /// extensions by the server so the tunnel can keep it after the HTTP connection ends.
