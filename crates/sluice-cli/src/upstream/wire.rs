@@ -19,6 +19,8 @@ use super::forward::hop_by_hop;
 
 /// The most headers a response head may carry (as hyper's default).
 const MAX_HEADERS: usize = 100;
+/// The fields of a head read without a heap allocation for their places.
+const FEW_FIELDS: usize = 16;
 
 /// The longest response head, or a chunked body's trailer section.
 pub const MAX_HEAD: usize = 64 * 1024;
@@ -208,16 +210,26 @@ pub fn read_response_head(
         let start = slice.as_ptr() as usize - base;
         start..start + slice.len()
     };
-    let spans: Vec<_> = (parsed.headers.iter())
-        .map(|header| (at(header.name.as_bytes()), at(header.value)))
-        .collect();
+    // A usual head's spans stay on the stack; a larger one's go to the heap.
+    let mut few = [[0; 4]; FEW_FIELDS];
+    let mut many = Vec::new();
+    let spans = if parsed.headers.len() <= FEW_FIELDS {
+        &mut few[..parsed.headers.len()]
+    } else {
+        many.resize(parsed.headers.len(), [0; 4]);
+        &mut many[..]
+    };
+    for (span, header) in spans.iter_mut().zip(parsed.headers.iter()) {
+        let (name, value) = (at(header.name.as_bytes()), at(header.value));
+        *span = [name.start, name.end, value.start, value.end];
+    }
     let head = buffer.split_to(length).freeze();
     let mut headers = HeaderMap::with_capacity(spans.len() + room);
     let mut framing = FramingFields::default();
     let mut hop = HopFields::default();
-    for (name, value) in spans {
-        let name = HeaderName::from_bytes(&head[name]).map_err(|_| WireError::Header)?;
-        let value = HeaderValue::from_maybe_shared(head.slice(value)).map_err(|_| WireError::Header)?;
+    for &mut [name_start, name_end, value_start, value_end] in spans {
+        let name = HeaderName::from_bytes(&head[name_start..name_end]).map_err(|_| WireError::Header)?;
+        let value = field_value(head.slice(value_start..value_end))?;
         framing.see(&name, value.as_bytes());
         if hop_by_hop().contains(&&name) {
             hop.see(&name, value);
@@ -239,6 +251,18 @@ pub fn read_response_head(
         keep_alive,
         upgrade: hop.upgrade.filter(|_| hop.upgrade_named),
     }))
+}
+
+/// A field value httparse accepted, as a header value.
+fn field_value(value: Bytes) -> Result<HeaderValue, WireError> {
+    if value.is_ascii() {
+        // SAFETY: httparse accepts only HTAB, SP, VCHAR and obs-text (0x80-0xFF) in a value;
+        // without obs-text that is ASCII without control characters other than HTAB, which is
+        // valid UTF-8 (the function's contract) and what `HeaderValue` holds. Debug builds
+        // check it (the property tests feed the reader arbitrary bytes).
+        return Ok(unsafe { HeaderValue::from_maybe_shared_unchecked(value) });
+    }
+    HeaderValue::from_maybe_shared(value).map_err(|_| WireError::Header)
 }
 
 /// What a response head's hop-by-hop fields say, gathered as they are read.
