@@ -19,6 +19,10 @@ use super::client::UpstreamStream;
 use super::pool::{Connection, OutgoingBody, Pool};
 use super::wire::{self, Chunked, Decoded, RequestFraming, ResponseFraming, ResponseHead, WireError};
 
+/// The most interim (1xx) answers read before a request's final answer: more is an upstream
+/// sending without end.
+pub(super) const MAX_INTERIM: usize = 16;
+
 /// Why an exchange on a connection failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ExchangeError {
@@ -37,6 +41,9 @@ pub enum ExchangeError {
     /// The request's own body failed (its client went away, or paused too long).
     #[error("the request body failed")]
     RequestBody(#[source] BoxError),
+    /// The upstream sent more interim (1xx) answers than any request needs.
+    #[error("more than {MAX_INTERIM} interim (1xx) answers")]
+    Interim,
     /// The request's body was longer or shorter than its `Content-Length`.
     #[error("the request body's length differs from its Content-Length")]
     RequestLength,
@@ -196,8 +203,19 @@ where
 
 impl<B> Upload<B> {
     /// Whether all of the request is written.
-    fn is_done(&self) -> bool {
+    pub(super) fn is_done(&self) -> bool {
         self.cut.is_none() && self.body_done && self.parts.is_empty() && self.head_sent == self.head.len()
+    }
+
+    /// How far the request has gone: its head's bytes written and its body's taken (each
+    /// body frame is taken once the one before is written).
+    pub(super) fn progress(&self) -> u64 {
+        self.head_sent as u64 + self.sent
+    }
+
+    /// Whether all that was taken is written and the body's next frame is awaited.
+    pub(super) fn waits_for_body(&self) -> bool {
+        self.cut.is_none() && !self.body_done && self.parts.is_empty() && self.head_sent == self.head.len()
     }
 }
 

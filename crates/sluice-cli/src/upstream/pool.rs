@@ -35,7 +35,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::body::{BoxError, IdleBody};
 use super::client::{ConnectError, Connector, UpstreamStream};
-use super::exchange::{ExchangeError, PooledBody, Upload};
+use super::exchange::{ExchangeError, MAX_INTERIM, PooledBody, Upload};
 use super::wire::{self, RequestFraming};
 
 /// What a forwarded request's body is.
@@ -83,6 +83,8 @@ pub(super) struct Connection {
     pub(super) read: BytesMut,
     /// Whether anything of an answer to the request in flight arrived (a 1xx included).
     heard: bool,
+    /// The interim (1xx) answers to the request in flight.
+    interim: u8,
     /// The head timeout of the request in flight. One timer a connection, moved forward for
     /// each request: a later deadline is set without touching the runtime's timer wheel,
     /// where a timer made and dropped per request would be inserted and removed each time.
@@ -124,6 +126,10 @@ impl Connection {
         loop {
             if let Some(head) = wire::read_response_head(&mut self.read, method, HEADER_ROOM)? {
                 if head.status.is_informational() && head.status != http::StatusCode::SWITCHING_PROTOCOLS {
+                    self.interim += 1;
+                    if usize::from(self.interim) > MAX_INTERIM {
+                        return Poll::Ready(Err(ExchangeError::Interim));
+                    }
                     continue;
                 }
                 return Poll::Ready(Ok(head));
@@ -256,14 +262,39 @@ impl Pool {
             let deadline = *deadline.get_or_insert_with(|| Instant::now() + self.head_timeout);
             connection.head_timer.as_mut().reset(deadline);
             connection.heard = false;
+            connection.interim = 0;
             let head = poll_fn(|cx| {
-                if let Poll::Ready(Err(e)) = upload.poll_send(&mut connection.io, cx) {
-                    return Poll::Ready(Some(Err(e)));
+                // The head timeout counts from the request's last progress: an upload the
+                // upstream goes on taking, or one waiting for its client's body (which
+                // `idle_timeout` bounds), does not run it out. The timer is polled first: an
+                // upstream sending without end must not keep it unpolled.
+                if connection.head_timer.as_mut().poll(cx).is_ready() {
+                    if !upload.waits_for_body() {
+                        return Poll::Ready(None);
+                    }
+                    connection
+                        .head_timer
+                        .as_mut()
+                        .reset(Instant::now() + self.head_timeout);
+                    let _ = connection.head_timer.as_mut().poll(cx);
                 }
-                if let Poll::Ready(head) = connection.poll_head(cx, &method) {
-                    return Poll::Ready(Some(head));
+                if !upload.is_done() {
+                    let before = upload.progress();
+                    if let Poll::Ready(Err(e)) = upload.poll_send(&mut connection.io, cx) {
+                        return Poll::Ready(Some(Err(e)));
+                    }
+                    if !upload.is_done() && upload.progress() != before {
+                        connection
+                            .head_timer
+                            .as_mut()
+                            .reset(Instant::now() + self.head_timeout);
+                        let _ = connection.head_timer.as_mut().poll(cx);
+                    }
                 }
-                connection.head_timer.as_mut().poll(cx).map(|()| None)
+                match connection.poll_head(cx, &method) {
+                    Poll::Ready(head) => Poll::Ready(Some(head)),
+                    Poll::Pending => Poll::Pending,
+                }
             })
             .await;
             let mut head = match head {
@@ -316,6 +347,7 @@ impl Pool {
             io,
             read: BytesMut::new(),
             heard: false,
+            interim: 0,
             head_timer: Box::pin(tokio::time::sleep(self.head_timeout)),
         })
     }
@@ -678,5 +710,102 @@ mod tests {
             0,
             "a connection whose request was cut is not kept"
         );
+    }
+
+    #[tokio::test]
+    async fn interim_answers_without_end_fail_the_exchange() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url: UpstreamUrl = format!("http://{}", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buffer = [0; 4096];
+            let _ = socket.read(&mut buffer).await;
+            let burst = b"HTTP/1.1 100 Continue\r\n\r\n".repeat(256);
+            while socket.write_all(&burst).await.is_ok() {}
+        });
+        let pool = pool(&url, 8, Duration::from_secs(60));
+        let Err(endless) = pool.send(&url, get(&url), &[]).await else {
+            panic!("an answer came out of interim answers alone");
+        };
+        assert!(
+            matches!(endless, SendError::Exchange(ExchangeError::Interim)),
+            "{endless}"
+        );
+        assert_eq!(pool.idle_count(), 0);
+    }
+
+    /// An upstream that reads a chunked request to its end before answering `200`.
+    async fn reading_whole_uploads() -> UpstreamUrl {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url: UpstreamUrl = format!("http://{}", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut seen = Vec::new();
+            let mut buffer = [0; 4096];
+            while !seen.ends_with(b"0\r\n\r\n") {
+                match socket.read(&mut buffer).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => seen.extend_from_slice(&buffer[..n]),
+                }
+            }
+            let _ = socket
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nread")
+                .await;
+            let _ = socket.read(&mut buffer).await;
+        });
+        url
+    }
+
+    #[tokio::test]
+    async fn the_head_timeout_counts_from_the_uploads_last_progress() {
+        let url = reading_whole_uploads().await;
+        let pool = pool_waiting(&url, 8, Duration::from_secs(60), Duration::from_millis(150));
+        // Sent in pieces over 600 ms, one pause as long as two head timeouts: the upstream
+        // answers when it has all of it.
+        let pieces = futures_util::stream::unfold(0, |piece| async move {
+            match piece {
+                0..4 => {
+                    tokio::time::sleep(Duration::from_millis(if piece == 2 { 300 } else { 100 })).await;
+                    let frame = hyper::body::Frame::data(Bytes::from_static(b"piece"));
+                    Some((Ok::<_, std::convert::Infallible>(frame), piece + 1))
+                }
+                _ => None,
+            }
+        });
+        let request = Request::post("/")
+            .header("host", "up")
+            .body(http_body_util::StreamBody::new(Box::pin(pieces)))
+            .unwrap();
+        let started = Instant::now();
+        let response = pool.send(&url, request, &[]).await.unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(600));
+        assert_eq!(response.status(), http::StatusCode::OK);
+        assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "read");
+    }
+
+    #[tokio::test]
+    async fn an_upstream_that_stops_taking_the_upload_runs_out_the_head_timeout() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url: UpstreamUrl = format!("http://{}", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buffer = [0; 4096];
+            let _ = socket.read(&mut buffer).await;
+            // Reads no more and answers nothing: the upload fills the socket's buffers.
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        });
+        let pool = pool_waiting(&url, 8, Duration::from_secs(60), Duration::from_millis(150));
+        let upload = http_body_util::Full::new(Bytes::from(vec![7u8; 64 << 20]));
+        let request = Request::post("/").header("host", "up").body(upload).unwrap();
+        let Err(stalled) = pool.send(&url, request, &[]).await else {
+            panic!("an upstream reading nothing answered");
+        };
+        assert!(matches!(stalled, SendError::HeadTimeout(_)), "{stalled}");
     }
 }
