@@ -750,3 +750,116 @@ fn the_demo_profiles_pass_through_the_proxy_and_only_admitted_requests_reach_the
         "every admitted request reached the upstream, and nothing else: {tsv}"
     );
 }
+
+/// Writes `request` on a new connection and reads the answer.
+fn raw(server: &Server, request: &str) -> common::upstream::Streamed {
+    let mut stream = TcpStream::connect(server.addr).unwrap();
+    stream.set_read_timeout(Some(PATIENCE)).unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    read_response(&mut BufReader::new(stream))
+}
+
+#[test]
+fn an_idle_tunnel_is_closed_after_the_idle_timeout() {
+    let upstream = Upstream::start("app");
+    let (server, _dir) = start(&format!(
+        "upstream: {{url: {}, idle_timeout: 1s}}\n",
+        upstream.url()
+    ));
+    let upgrade = "GET /ws HTTP/1.1\r\nHost: test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nX-Account-ID: tester\r\n\r\n";
+    let mut stream = TcpStream::connect(server.addr).unwrap();
+    stream.set_read_timeout(Some(PATIENCE)).unwrap();
+    stream.write_all(upgrade.as_bytes()).unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    assert_eq!(read_head(&mut reader).status, 101);
+    // Traffic keeps it open past the timeout...
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(500));
+        stream.write_all(b"ping").unwrap();
+        let mut echoed = [0; 4];
+        reader.read_exact(&mut echoed).unwrap();
+        assert_eq!(&echoed, b"ping");
+    }
+    // ...silence closes it.
+    let quiet = std::time::Instant::now();
+    let mut rest = Vec::new();
+    reader.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty(), "{rest:?}");
+    let closed_after = quiet.elapsed();
+    assert!(
+        closed_after >= Duration::from_millis(900) && closed_after < PATIENCE,
+        "closed after {closed_after:?}"
+    );
+}
+
+#[test]
+fn an_h2c_upgrade_is_not_passed_on_and_a_protocol_not_offered_is_refused() {
+    let upstream = Upstream::start("app");
+    let (server, _dir) = start(&format!("upstream: {}\n", upstream.url()));
+    // h2c alone: forwarded as a plain request, with neither field.
+    let h2c = "GET /headers HTTP/1.1\r\nHost: test\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\nX-Account-ID: tester\r\n\r\n";
+    let answer = raw(&server, h2c);
+    assert_eq!(answer.status, 200, "{answer:?}");
+    for name in ["upgrade: ", "connection: ", "http2-settings: "] {
+        assert!(
+            !answer.text.to_ascii_lowercase().contains(name),
+            "{name} reached the upstream: {}",
+            answer.text
+        );
+    }
+    // The test upstream switches `/ws` to websocket whatever is asked: offered h2c alone,
+    // that is a protocol the client never offered.
+    let answer = raw(
+        &server,
+        "GET /ws HTTP/1.1\r\nHost: test\r\nConnection: Upgrade\r\nUpgrade: h2c\r\nX-Account-ID: tester\r\n\r\n",
+    );
+    assert_eq!(answer.status, 502, "{answer:?}");
+    // Offered with another protocol, h2c is dropped and the other kept.
+    let mut stream = TcpStream::connect(server.addr).unwrap();
+    stream.set_read_timeout(Some(PATIENCE)).unwrap();
+    stream
+        .write_all(b"GET /ws HTTP/1.1\r\nHost: test\r\nConnection: Upgrade\r\nUpgrade: h2c, websocket\r\nX-Account-ID: tester\r\n\r\n")
+        .unwrap();
+    let switched = read_head(&mut BufReader::new(stream));
+    assert_eq!(switched.status, 101, "{switched:?}");
+    assert_eq!(switched.header("upgrade"), Some("websocket"));
+}
+
+#[test]
+fn requests_the_upstream_could_read_otherwise_are_refused_before_it() {
+    let upstream = Upstream::start("app");
+    let (server, _dir) = start(&format!("upstream: {{url: {}, host: keep}}\n", upstream.url()));
+    let cases = [
+        (
+            "a coding besides chunked",
+            "POST /echo HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: gzip, chunked\r\nX-Account-ID: tester\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+            501,
+        ),
+        (
+            "two Host fields",
+            "GET /echo HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\nX-Account-ID: tester\r\n\r\n",
+            400,
+        ),
+        (
+            "a Host other than the target's",
+            "GET http://a.example/echo HTTP/1.1\r\nHost: b.example\r\nX-Account-ID: tester\r\n\r\n",
+            400,
+        ),
+    ];
+    for (what, request, status) in cases {
+        let answer = raw(&server, request);
+        assert_eq!(answer.status, status, "{what}: {answer:?}");
+        assert_eq!(
+            answer.header("content-type"),
+            Some("application/problem+json"),
+            "{what}"
+        );
+    }
+    assert_eq!(upstream.hits("/echo"), 0, "none reached the upstream");
+    // The target's own authority as Host, in any case, is forwarded.
+    let answer = raw(
+        &server,
+        "GET http://A.example/headers HTTP/1.1\r\nHost: a.EXAMPLE\r\nX-Account-ID: tester\r\n\r\n",
+    );
+    assert_eq!(answer.status, 200, "{answer:?}");
+}

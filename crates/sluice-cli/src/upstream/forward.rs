@@ -41,11 +41,51 @@ fn present<const N: usize>(headers: &HeaderMap, names: [&HeaderName; N]) -> [boo
     found
 }
 
+/// A request the proxy does not forward, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// `Transfer-Encoding` lists a coding besides `chunked`: the server took the chunked
+    /// framing off, and the other coding would reach the upstream unnamed.
+    TransferCoding,
+    /// More than one `Host` (RFC 9112 §3.2).
+    SeveralHosts,
+    /// `Host` names another authority than the request target's (an absolute-form target,
+    /// HTTP/2's `:authority`): the limit and the upstream could read different hosts.
+    HostDiffers,
+}
+
+impl Refusal {
+    /// The answer's status.
+    pub fn status(self) -> StatusCode {
+        match self {
+            Self::TransferCoding => StatusCode::NOT_IMPLEMENTED,
+            Self::SeveralHosts | Self::HostDiffers => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    /// The answer's detail.
+    pub fn detail(self) -> &'static str {
+        match self {
+            Self::TransferCoding => "a transfer coding other than chunked is not forwarded",
+            Self::SeveralHosts => "the request has more than one Host field",
+            Self::HostDiffers => "the Host field differs from the request target's authority",
+        }
+    }
+}
+
 /// Removes the hop-by-hop headers and those `Connection` names; returns the `Upgrade` value
-/// when `Connection` asked for an upgrade (only HTTP/1.1 has them).
-pub fn strip_hop_by_hop(headers: &mut HeaderMap, version: Version) -> Option<HeaderValue> {
+/// when `Connection` asked for an upgrade (only HTTP/1.1 has them), less `h2c`: a cleartext
+/// HTTP/2 connection behind the proxy would carry requests the limit never sees.
+///
+/// # Errors
+/// `Transfer-Encoding` lists a coding besides `chunked`.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap, version: Version) -> Result<Option<HeaderValue>, Refusal> {
     let names = hop_by_hop();
     let found = present(headers, names);
+    // `TRANSFER_ENCODING` is the fifth.
+    if found[4] && other_transfer_coding(headers) {
+        return Err(Refusal::TransferCoding);
+    }
     let mut upgrade = None;
     // `CONNECTION` is the first of them. Its usual `keep-alive` and `close` name no header
     // but the listed `Keep-Alive`: only other tokens are looked up.
@@ -59,7 +99,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, version: Version) -> Option<Hea
             .collect();
         for name in &named {
             if name == UPGRADE && version == Version::HTTP_11 {
-                upgrade = headers.get(&UPGRADE).cloned();
+                upgrade = headers.get(&UPGRADE).cloned().and_then(without_h2c);
             }
             headers.remove(name);
         }
@@ -69,7 +109,43 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, version: Version) -> Option<Hea
             headers.remove(name);
         }
     }
-    upgrade
+    Ok(upgrade)
+}
+
+/// The comma-separated tokens of `headers`' `name` fields, empty list elements left out.
+fn tokens<'a>(headers: &'a HeaderMap, name: &HeaderName) -> impl Iterator<Item = &'a [u8]> {
+    (headers.get_all(name).iter())
+        .flat_map(|value| value.as_bytes().split(|&byte| byte == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|token| !token.is_empty())
+}
+
+/// Whether `Transfer-Encoding` lists a coding besides `chunked`.
+fn other_transfer_coding(headers: &HeaderMap) -> bool {
+    tokens(headers, &TRANSFER_ENCODING).any(|coding| !coding.eq_ignore_ascii_case(b"chunked"))
+}
+
+/// An `Upgrade` value without `h2c`; `None` if nothing else is left.
+fn without_h2c(upgrade: HeaderValue) -> Option<HeaderValue> {
+    let is_h2c = |protocol: &&[u8]| protocol.eq_ignore_ascii_case(b"h2c");
+    let mut protocols = (upgrade.as_bytes().split(|&byte| byte == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|protocol| !protocol.is_empty());
+    if !protocols.clone().any(|protocol| is_h2c(&protocol)) {
+        return Some(upgrade);
+    }
+    let kept: Vec<&[u8]> = protocols.by_ref().filter(|protocol| !is_h2c(protocol)).collect();
+    if kept.is_empty() {
+        return None;
+    }
+    HeaderValue::from_bytes(&kept.join(&b", "[..])).ok()
+}
+
+/// Whether the `offered` `Upgrade` value lists the protocol `chosen` names.
+pub fn offers(offered: &HeaderValue, chosen: &HeaderValue) -> bool {
+    let chosen = chosen.as_bytes().trim_ascii();
+    (offered.as_bytes().split(|&byte| byte == b','))
+        .any(|protocol| protocol.trim_ascii().eq_ignore_ascii_case(chosen))
 }
 
 /// Puts an upgrade's `Connection: upgrade` and `Upgrade` back after the strip.
@@ -193,26 +269,39 @@ fn extend(headers: &mut HeaderMap, name: &HeaderName, hop: std::fmt::Arguments<'
 }
 
 /// Sets `Host` for the upstream: the client's kept (an HTTP/2 request's `:authority` becomes
-/// it), or removed so the client writes the upstream's, the client's then in
-/// `X-Forwarded-Host`.
-pub fn set_host(headers: &mut HeaderMap, authority: Option<&http::uri::Authority>, keep: bool) {
-    if keep && headers.contains_key(&HOST) {
-        return;
+/// it), or removed so the upstream's own is written, the client's then in `X-Forwarded-Host`.
+///
+/// # Errors
+/// More than one `Host`, or one that differs from the target's authority.
+pub fn set_host(
+    headers: &mut HeaderMap,
+    authority: Option<&http::uri::Authority>,
+    keep: bool,
+) -> Result<(), Refusal> {
+    let mut hosts = headers.get_all(&HOST).iter();
+    let host = hosts.next().cloned();
+    if hosts.next().is_some() {
+        return Err(Refusal::SeveralHosts);
     }
-    let client_host = match headers.get(&HOST) {
-        Some(host) => Some(host.clone()),
-        None => authority.and_then(|authority| HeaderValue::from_str(authority.as_str()).ok()),
-    };
+    if let (Some(host), Some(authority)) = (&host, authority)
+        && !host
+            .as_bytes()
+            .eq_ignore_ascii_case(authority.as_str().as_bytes())
+    {
+        return Err(Refusal::HostDiffers);
+    }
+    if keep && host.is_some() {
+        return Ok(());
+    }
+    let client_host =
+        host.or_else(|| authority.and_then(|authority| HeaderValue::from_str(authority.as_str()).ok()));
     if keep {
-        if let Some(host) = client_host {
-            headers.insert(HOST, host);
-        }
+        headers.extend(client_host.map(|host| (HOST, host)));
     } else {
         headers.remove(&HOST);
-        if let Some(host) = client_host {
-            headers.insert(X_FORWARDED_HOST.clone(), host);
-        }
+        headers.extend(client_host.map(|host| (X_FORWARDED_HOST.clone(), host)));
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -245,7 +334,7 @@ mod tests {
             ("x-secret", "1"),
             ("x-kept", "2"),
         ]);
-        assert_eq!(strip_hop_by_hop(&mut map, Version::HTTP_11), None);
+        assert_eq!(strip_hop_by_hop(&mut map, Version::HTTP_11), Ok(None));
         assert_eq!(map.len(), 1, "{map:?}");
         assert_eq!(values(&map, "x-kept"), ["2"]);
     }
@@ -253,15 +342,44 @@ mod tests {
     #[test]
     fn an_upgrade_is_found_and_put_back() {
         let mut map = headers(&[("connection", "Upgrade"), ("upgrade", "websocket")]);
-        let upgrade = strip_hop_by_hop(&mut map, Version::HTTP_11).unwrap();
+        let upgrade = strip_hop_by_hop(&mut map, Version::HTTP_11).unwrap().unwrap();
         assert!(map.is_empty());
         keep_upgrade(&mut map, upgrade);
         assert_eq!(values(&map, "upgrade"), ["websocket"]);
         assert_eq!(values(&map, "connection"), ["upgrade"]);
         // An Upgrade header without Connection naming it is no upgrade.
         let mut map = headers(&[("upgrade", "websocket")]);
-        assert_eq!(strip_hop_by_hop(&mut map, Version::HTTP_11), None);
+        assert_eq!(strip_hop_by_hop(&mut map, Version::HTTP_11), Ok(None));
         assert!(map.is_empty());
+        // h2c is never offered on: alone it is no upgrade; with others, they are kept.
+        let mut map = headers(&[("connection", "upgrade"), ("upgrade", "H2C")]);
+        assert_eq!(strip_hop_by_hop(&mut map, Version::HTTP_11), Ok(None));
+        let mut map = headers(&[("connection", "upgrade"), ("upgrade", "h2c, websocket,,foo/2")]);
+        let upgrade = strip_hop_by_hop(&mut map, Version::HTTP_11).unwrap().unwrap();
+        assert_eq!(upgrade, "websocket, foo/2");
+        assert!(offers(&upgrade, &HeaderValue::from_static("WebSocket")));
+        assert!(offers(&upgrade, &HeaderValue::from_static("foo/2")));
+        assert!(!offers(&upgrade, &HeaderValue::from_static("h2c")));
+        assert!(!offers(&upgrade, &HeaderValue::from_static("foo")));
+    }
+
+    #[test]
+    fn a_transfer_coding_besides_chunked_is_refused() {
+        for (codings, refused) in [
+            ("chunked", false),
+            ("Chunked , ", false),
+            ("gzip, chunked", true),
+            ("identity", true),
+        ] {
+            let mut map = headers(&[("transfer-encoding", codings)]);
+            let stripped = strip_hop_by_hop(&mut map, Version::HTTP_11);
+            assert_eq!(stripped.is_err(), refused, "{codings}");
+        }
+        let mut map = headers(&[("transfer-encoding", "chunked"), ("transfer-encoding", "gzip")]);
+        assert_eq!(
+            strip_hop_by_hop(&mut map, Version::HTTP_11),
+            Err(Refusal::TransferCoding)
+        );
     }
 
     #[test]
@@ -322,11 +440,30 @@ mod tests {
     fn host_is_kept_or_moved_aside() {
         let authority: http::uri::Authority = "h2.example:8443".parse().unwrap();
         let mut map = HeaderMap::new();
-        set_host(&mut map, Some(&authority), true);
+        set_host(&mut map, Some(&authority), true).unwrap();
         assert_eq!(values(&map, "host"), ["h2.example:8443"]);
         let mut map = headers(&[("host", "app.example")]);
-        set_host(&mut map, None, false);
+        set_host(&mut map, None, false).unwrap();
         assert!(values(&map, "host").is_empty());
         assert_eq!(values(&map, "x-forwarded-host"), ["app.example"]);
+        // The target's authority, in any case, is the same host.
+        let mut map = headers(&[("host", "H2.example:8443")]);
+        set_host(&mut map, Some(&authority), true).unwrap();
+        assert_eq!(values(&map, "host"), ["H2.example:8443"]);
+    }
+
+    #[test]
+    fn a_host_that_could_be_read_two_ways_is_refused() {
+        let authority: http::uri::Authority = "a.example".parse().unwrap();
+        for keep in [true, false] {
+            let mut map = headers(&[("host", "a.example"), ("host", "b.example")]);
+            assert_eq!(set_host(&mut map, None, keep), Err(Refusal::SeveralHosts));
+            let mut map = headers(&[("host", "b.example")]);
+            assert_eq!(
+                set_host(&mut map, Some(&authority), keep),
+                Err(Refusal::HostDiffers)
+            );
+            assert_eq!(values(&map, "host"), ["b.example"], "left as it was");
+        }
     }
 }

@@ -165,7 +165,10 @@ impl Proxy {
             return own_problem(StatusCode::NOT_FOUND, "No route", "no upstream serves this path");
         };
         let version = request.version();
-        let upgrade = forward::strip_hop_by_hop(request.headers_mut(), version);
+        let upgrade = match forward::strip_hop_by_hop(request.headers_mut(), version) {
+            Ok(upgrade) => upgrade,
+            Err(refusal) => return refused(refusal),
+        };
         let client_side = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut request));
         let place = request.extensions_mut().remove::<ConnectionPlace>();
         let (mut parts, body) = request.into_parts();
@@ -177,7 +180,9 @@ impl Proxy {
             };
             forward::write_forwarding(&mut parts.headers, &client)
         });
-        forward::set_host(&mut parts.headers, parts.uri.authority(), self.keep_host);
+        if let Err(refusal) = forward::set_host(&mut parts.headers, parts.uri.authority(), self.keep_host) {
+            return refused(refusal);
+        }
         if let Some(upgrade) = &upgrade {
             forward::keep_upgrade(&mut parts.headers, upgrade.clone());
         }
@@ -209,6 +214,12 @@ impl Proxy {
         } else {
             None
         };
+        // The upstream must switch to a protocol the client offered.
+        let upstream_upgrade = upstream_upgrade.filter(|chosen| {
+            upgrade
+                .as_ref()
+                .is_some_and(|offered| forward::offers(offered, chosen))
+        });
         match (switching, client_side, upstream_upgrade) {
             (false, ..) => {}
             (true, Some(client_side), Some(protocol)) => {
@@ -222,13 +233,16 @@ impl Proxy {
                     );
                     return self.own_answer(StatusCode::BAD_GATEWAY, "Bad gateway", &detail);
                 };
-                tunnel::spawn(client_side, upstream_side, place);
+                tunnel::spawn(client_side, upstream_side, place, self.idle_timeout);
                 self.stats.answered(StatusCode::SWITCHING_PROTOCOLS);
                 return Response::from_parts(parts, ServeBody::from(Bytes::new()));
             }
             (true, ..) => {
                 self.stats.failed(Failure::Broken);
-                let detail = format!("{}: switched protocols unasked", target.authority);
+                let detail = format!(
+                    "{}: switched protocols unasked, or to one not offered",
+                    target.authority
+                );
                 return self.own_answer(StatusCode::BAD_GATEWAY, "Bad gateway", &detail);
             }
         }
@@ -296,6 +310,16 @@ impl Proxy {
 /// A problem+json answer.
 fn own_problem(status: StatusCode, title: &str, detail: &str) -> Response<ServeBody> {
     sluice_http::problem(status, title, detail).map(|text| ServeBody::from(Bytes::from(text)))
+}
+
+/// The answer to a request the proxy does not forward.
+fn refused(refusal: forward::Refusal) -> Response<ServeBody> {
+    let status = refusal.status();
+    own_problem(
+        status,
+        status.canonical_reason().unwrap_or("Refused"),
+        refusal.detail(),
+    )
 }
 
 /// The first error of type `E` in `error`'s chain.
