@@ -75,6 +75,9 @@ impl Protocols {
             .header_read_timeout(None)
             .keep_alive(true)
             .pipeline_flush(false)
+            // One buffer, written by one call: a small answer's body is copied after its head
+            // rather than queued beside it (fewer instructions per answer, and what TLS wants).
+            .writev(false)
             // A complete head above the limit is answered 431; an incomplete one stops
             // growing at the buffer's bound, which cannot go below hyper's minimum.
             .max_header_size(max_header_bytes)
