@@ -242,7 +242,7 @@ pub struct PooledBody<B = OutgoingBody> {
     /// The protocol a `101` switches to.
     upgrade: Option<HeaderValue>,
     /// `None` once given up (broken, or handed to an upgrade).
-    connection: Option<Connection>,
+    connection: Option<Box<Connection>>,
     pool: Arc<Pool>,
     slot: usize,
 }
@@ -253,7 +253,7 @@ impl<B> PooledBody<B> {
     pub(super) fn new(
         upload: Upload<B>,
         head: &mut ResponseHead,
-        connection: Connection,
+        connection: Box<Connection>,
         pool: Arc<Pool>,
         slot: usize,
     ) -> Self {

@@ -195,14 +195,11 @@ impl Proxy {
         let path = (parts.uri.path_and_query().cloned()).unwrap_or_else(|| PathAndQuery::from_static("/"));
         parts.uri = http::Uri::from(path);
         parts.version = Version::HTTP_11;
-        let outgoing = Request::from_parts(parts, IdleBody::new(body, self.idle_timeout));
+        let outgoing = IdleBody::new(body, self.idle_timeout);
+        let added = added.as_ref().map_or(&[][..], |added| &added[..]);
 
         let started = Instant::now();
-        let mut response = match self
-            .pool
-            .send(target, outgoing, added.as_ref().map_or(&[], |added| &added[..]))
-            .await
-        {
+        let mut response = match self.pool.send(target, &parts, outgoing, added).await {
             Ok(response) => response,
             Err(e) => return self.failed(target, &e),
         };

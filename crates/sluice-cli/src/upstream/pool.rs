@@ -27,7 +27,7 @@ use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http::{HeaderName, HeaderValue, Method, Request, Response};
+use http::{HeaderName, HeaderValue, Method, Response, request};
 use hyper::body::{Body, Incoming};
 use sluice_config::UpstreamUrl;
 use tokio::io::{AsyncRead, ReadBuf};
@@ -71,7 +71,7 @@ pub struct Pool {
 
 /// A connection in an idle list.
 struct Idle {
-    connection: Connection,
+    connection: Box<Connection>,
     since: Instant,
     thread: usize,
 }
@@ -222,7 +222,8 @@ impl Pool {
     pub async fn send<B>(
         self: &Arc<Self>,
         target: &UpstreamUrl,
-        request: Request<B>,
+        parts: &request::Parts,
+        body: B,
         added: &[(&HeaderName, HeaderValue)],
     ) -> Result<Response<PooledBody<B>>, SendError>
     where
@@ -232,13 +233,12 @@ impl Pool {
         let slot = (self.upstreams.iter())
             .position(|(url, _)| same_upstream(url, target))
             .ok_or_else(|| ConnectError::Unknown(target.to_string()))?;
-        let (parts, body) = request.into_parts();
         let declared = parts.headers.contains_key(http::header::CONTENT_LENGTH);
         let framing = RequestFraming::of(body.size_hint().exact(), body.is_end_stream(), declared);
         let mut head = Vec::with_capacity(512);
-        wire::write_request_head(&mut head, &parts, added, framing);
+        wire::write_request_head(&mut head, parts, added, framing);
         let mut upload = Upload::new(head, body, framing);
-        let method = parts.method;
+        let method = &parts.method;
         let mut stale = 0;
         let mut resent = false;
         // One deadline for the request, however many connections it takes.
@@ -264,20 +264,6 @@ impl Pool {
             connection.heard = false;
             connection.interim = 0;
             let head = poll_fn(|cx| {
-                // The head timeout counts from the request's last progress: an upload the
-                // upstream goes on taking, or one waiting for its client's body (which
-                // `idle_timeout` bounds), does not run it out. The timer is polled first: an
-                // upstream sending without end must not keep it unpolled.
-                if connection.head_timer.as_mut().poll(cx).is_ready() {
-                    if !upload.waits_for_body() {
-                        return Poll::Ready(None);
-                    }
-                    connection
-                        .head_timer
-                        .as_mut()
-                        .reset(Instant::now() + self.head_timeout);
-                    let _ = connection.head_timer.as_mut().poll(cx);
-                }
                 if !upload.is_done() {
                     let before = upload.progress();
                     if let Poll::Ready(Err(e)) = upload.poll_send(&mut connection.io, cx) {
@@ -288,13 +274,26 @@ impl Pool {
                             .head_timer
                             .as_mut()
                             .reset(Instant::now() + self.head_timeout);
-                        let _ = connection.head_timer.as_mut().poll(cx);
                     }
                 }
-                match connection.poll_head(cx, &method) {
-                    Poll::Ready(head) => Poll::Ready(Some(head)),
-                    Poll::Pending => Poll::Pending,
+                // Whatever the upstream sends, this ends: a head is bounded, and so are the
+                // interim answers before it.
+                if let Poll::Ready(head) = connection.poll_head(cx, method) {
+                    return Poll::Ready(Some(head));
                 }
+                // The head timeout counts from the request's last progress: an upload the
+                // upstream goes on taking, or one waiting for its client's body (which
+                // `idle_timeout` bounds), does not run it out.
+                while connection.head_timer.as_mut().poll(cx).is_ready() {
+                    if !upload.waits_for_body() {
+                        return Poll::Ready(None);
+                    }
+                    connection
+                        .head_timer
+                        .as_mut()
+                        .reset(Instant::now() + self.head_timeout);
+                }
+                Poll::Pending
             })
             .await;
             let mut head = match head {
@@ -308,7 +307,7 @@ impl Pool {
                         && !resent
                         && !connection.heard
                         && e.unanswered()
-                        && resendable(&method, framing) =>
+                        && resendable(method, framing) =>
                 {
                     upload.restart();
                     resent = true;
@@ -341,19 +340,19 @@ impl Pool {
     }
 
     /// A new connection to `target`.
-    async fn connect(&self, target: &UpstreamUrl) -> Result<Connection, SendError> {
+    async fn connect(&self, target: &UpstreamUrl) -> Result<Box<Connection>, SendError> {
         let io = self.connector.connect(target).await?;
-        Ok(Connection {
+        Ok(Box::new(Connection {
             io,
             read: BytesMut::new(),
             heard: false,
             interim: 0,
             head_timer: Box::pin(tokio::time::sleep(self.head_timeout)),
-        })
+        }))
     }
 
     /// The most recently used idle connection of this thread to upstream `slot`.
-    fn take_idle(&self, slot: usize) -> Option<Connection> {
+    fn take_idle(&self, slot: usize) -> Option<Box<Connection>> {
         let thread = this_thread();
         let mut idle = self.upstreams[slot]
             .1
@@ -364,7 +363,7 @@ impl Pool {
     }
 
     /// Puts `connection` back in `slot`'s idle list, unless the list is full.
-    pub(super) fn keep(&self, slot: usize, connection: Connection) {
+    pub(super) fn keep(&self, slot: usize, connection: Box<Connection>) {
         let mut idle = self.upstreams[slot]
             .1
             .lock()
@@ -418,6 +417,7 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::*;
+    use http::Request;
 
     /// An upstream answering every request `200` with `body`, closing each connection after
     /// `answers` answers; counts the connections it accepted.
@@ -456,6 +456,22 @@ mod tests {
         (url, accepted)
     }
 
+    impl Pool {
+        async fn send_request<B>(
+            self: &Arc<Self>,
+            target: &UpstreamUrl,
+            request: Request<B>,
+            added: &[(&HeaderName, HeaderValue)],
+        ) -> Result<Response<PooledBody<B>>, SendError>
+        where
+            B: Body<Data = Bytes> + Unpin,
+            B::Error: Into<BoxError>,
+        {
+            let (parts, body) = request.into_parts();
+            self.send(target, &parts, body, added).await
+        }
+    }
+
     fn pool(url: &UpstreamUrl, max_idle: usize, keep_idle: Duration) -> Arc<Pool> {
         pool_waiting(url, max_idle, keep_idle, Duration::from_secs(5))
     }
@@ -485,7 +501,7 @@ mod tests {
     }
 
     async fn answer(pool: &Arc<Pool>, url: &UpstreamUrl) -> Result<String, SendError> {
-        let response = pool.send(url, get(url), &[]).await?;
+        let response = pool.send_request(url, get(url), &[]).await?;
         let body = response.into_body().collect().await?.to_bytes();
         Ok(String::from_utf8(body.to_vec()).unwrap())
     }
@@ -524,7 +540,7 @@ mod tests {
     async fn a_body_dropped_before_its_end_closes_its_connection() {
         let (url, accepted) = upstream("a body nobody reads", usize::MAX).await;
         let pool = pool(&url, 8, Duration::from_secs(60));
-        let response = pool.send(&url, get(&url), &[]).await.unwrap();
+        let response = pool.send_request(&url, get(&url), &[]).await.unwrap();
         drop(response);
         assert_eq!(pool.idle_count(), 0);
         assert_eq!(answer(&pool, &url).await.unwrap(), "a body nobody reads");
@@ -544,9 +560,9 @@ mod tests {
         let pool = pool(&url, 2, Duration::from_millis(50));
         // Three requests at once need three connections; two are kept.
         let (a, b, c) = tokio::join!(
-            pool.send(&url, get(&url), &[]),
-            pool.send(&url, get(&url), &[]),
-            pool.send(&url, get(&url), &[])
+            pool.send_request(&url, get(&url), &[]),
+            pool.send_request(&url, get(&url), &[]),
+            pool.send_request(&url, get(&url), &[])
         );
         for response in [a, b, c] {
             response.unwrap().into_body().collect().await.unwrap();
@@ -561,13 +577,13 @@ mod tests {
     async fn a_short_body_that_came_with_its_head_is_taken_whole_and_frees_its_connection() {
         let (url, accepted) = upstream("hello", usize::MAX).await;
         let pool = pool(&url, 8, Duration::from_secs(60));
-        let mut body = pool.send(&url, get(&url), &[]).await.unwrap().into_body();
+        let mut body = pool.send_request(&url, get(&url), &[]).await.unwrap().into_body();
         assert_eq!(body.take_whole(16).as_deref(), Some(&b"hello"[..]));
         drop(body);
         assert_eq!(pool.idle_count(), 1);
 
         // Longer than the limit: left to stream, whole.
-        let mut body = pool.send(&url, get(&url), &[]).await.unwrap().into_body();
+        let mut body = pool.send_request(&url, get(&url), &[]).await.unwrap().into_body();
         assert_eq!(body.take_whole(4), None);
         assert_eq!(body.collect().await.unwrap().to_bytes(), "hello");
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
@@ -592,7 +608,7 @@ mod tests {
             let _ = socket.read(&mut buffer).await;
         });
         let pool = pool(&url, 8, Duration::from_secs(60));
-        let mut body = pool.send(&url, get(&url), &[]).await.unwrap().into_body();
+        let mut body = pool.send_request(&url, get(&url), &[]).await.unwrap().into_body();
         assert_eq!(body.take_whole(16), None, "half of it has arrived");
         assert_eq!(body.collect().await.unwrap().to_bytes(), "helloworld");
     }
@@ -619,7 +635,7 @@ mod tests {
         });
         let pool = pool_waiting(&silent, 8, Duration::from_secs(60), Duration::from_millis(100));
         let started = Instant::now();
-        let Err(late) = pool.send(&silent, get(&silent), &[]).await else {
+        let Err(late) = pool.send_request(&silent, get(&silent), &[]).await else {
             panic!("a silent upstream answered");
         };
         assert!(matches!(late, SendError::HeadTimeout(_)), "{late}");
@@ -636,7 +652,7 @@ mod tests {
         let (url, _) = upstream("x", usize::MAX).await;
         let (other, accepted) = upstream("x", usize::MAX).await;
         let pool = pool(&url, 8, Duration::from_secs(60));
-        let Err(refused) = pool.send(&other, get(&other), &[]).await else {
+        let Err(refused) = pool.send_request(&other, get(&other), &[]).await else {
             panic!("sent to an upstream outside the pool");
         };
         assert!(
@@ -681,7 +697,7 @@ mod tests {
         )
         .await;
         let pool = pool(&url, 8, Duration::from_secs(60));
-        let mut body = pool.send(&url, get(&url), &[]).await.unwrap().into_body();
+        let mut body = pool.send_request(&url, get(&url), &[]).await.unwrap().into_body();
         let data = body.frame().await.unwrap().unwrap().into_data().unwrap();
         assert_eq!(data, "hello");
         let trailers = body.frame().await.unwrap().unwrap().into_trailers().unwrap();
@@ -701,7 +717,7 @@ mod tests {
         let pool = pool(&url, 8, Duration::from_secs(60));
         let upload = http_body_util::Full::new(Bytes::from(vec![7u8; 32 << 20]));
         let request = Request::post("/").header("host", "up").body(upload).unwrap();
-        let response = pool.send(&url, request, &[]).await.unwrap();
+        let response = pool.send_request(&url, request, &[]).await.unwrap();
         assert_eq!(response.status(), http::StatusCode::PAYLOAD_TOO_LARGE);
         let body = response.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(body, "big!");
@@ -726,7 +742,7 @@ mod tests {
             while socket.write_all(&burst).await.is_ok() {}
         });
         let pool = pool(&url, 8, Duration::from_secs(60));
-        let Err(endless) = pool.send(&url, get(&url), &[]).await else {
+        let Err(endless) = pool.send_request(&url, get(&url), &[]).await else {
             panic!("an answer came out of interim answers alone");
         };
         assert!(
@@ -781,7 +797,7 @@ mod tests {
             .body(http_body_util::StreamBody::new(Box::pin(pieces)))
             .unwrap();
         let started = Instant::now();
-        let response = pool.send(&url, request, &[]).await.unwrap();
+        let response = pool.send_request(&url, request, &[]).await.unwrap();
         assert!(started.elapsed() >= Duration::from_millis(600));
         assert_eq!(response.status(), http::StatusCode::OK);
         assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "read");
@@ -803,7 +819,7 @@ mod tests {
         let pool = pool_waiting(&url, 8, Duration::from_secs(60), Duration::from_millis(150));
         let upload = http_body_util::Full::new(Bytes::from(vec![7u8; 64 << 20]));
         let request = Request::post("/").header("host", "up").body(upload).unwrap();
-        let Err(stalled) = pool.send(&url, request, &[]).await else {
+        let Err(stalled) = pool.send_request(&url, request, &[]).await else {
             panic!("an upstream reading nothing answered");
         };
         assert!(matches!(stalled, SendError::HeadTimeout(_)), "{stalled}");
