@@ -419,13 +419,17 @@ mod tests {
     use super::*;
     use http::Request;
 
+    /// A listener on a free local port, and its URL.
+    async fn listen() -> (TcpListener, UpstreamUrl) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        (listener, url.parse().unwrap())
+    }
+
     /// An upstream answering every request `200` with `body`, closing each connection after
     /// `answers` answers; counts the connections it accepted.
     async fn upstream(body: &'static str, answers: usize) -> (UpstreamUrl, Arc<AtomicUsize>) {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url: UpstreamUrl = format!("http://{}", listener.local_addr().unwrap())
-            .parse()
-            .unwrap();
+        let (listener, url) = listen().await;
         let accepted = Arc::new(AtomicUsize::new(0));
         let counter = Arc::clone(&accepted);
         tokio::spawn(async move {
@@ -591,10 +595,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_body_still_arriving_is_streamed_with_nothing_lost_or_reordered() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url: UpstreamUrl = format!("http://{}", listener.local_addr().unwrap())
-            .parse()
-            .unwrap();
+        let (listener, url) = listen().await;
         tokio::spawn(async move {
             let (mut socket, _) = listener.accept().await.unwrap();
             let mut buffer = [0; 4096];
@@ -624,10 +625,7 @@ mod tests {
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
 
         // An upstream that reads the request and never answers.
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let silent: UpstreamUrl = format!("http://{}", listener.local_addr().unwrap())
-            .parse()
-            .unwrap();
+        let (listener, silent) = listen().await;
         tokio::spawn(async move {
             let (mut socket, _) = listener.accept().await.unwrap();
             let mut buffer = [0; 4096];
@@ -665,10 +663,7 @@ mod tests {
     /// An upstream that answers its first request with `answer` once it has read the head,
     /// then does what `then` does with the socket.
     async fn answering(answer: &'static [u8], linger: Duration) -> UpstreamUrl {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url: UpstreamUrl = format!("http://{}", listener.local_addr().unwrap())
-            .parse()
-            .unwrap();
+        let (listener, url) = listen().await;
         tokio::spawn(async move {
             loop {
                 let (mut socket, _) = listener.accept().await.unwrap();
@@ -730,10 +725,7 @@ mod tests {
 
     #[tokio::test]
     async fn interim_answers_without_end_fail_the_exchange() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url: UpstreamUrl = format!("http://{}", listener.local_addr().unwrap())
-            .parse()
-            .unwrap();
+        let (listener, url) = listen().await;
         tokio::spawn(async move {
             let (mut socket, _) = listener.accept().await.unwrap();
             let mut buffer = [0; 4096];
@@ -754,10 +746,7 @@ mod tests {
 
     /// An upstream that reads a chunked request to its end before answering `200`.
     async fn reading_whole_uploads() -> UpstreamUrl {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url: UpstreamUrl = format!("http://{}", listener.local_addr().unwrap())
-            .parse()
-            .unwrap();
+        let (listener, url) = listen().await;
         tokio::spawn(async move {
             let (mut socket, _) = listener.accept().await.unwrap();
             let mut seen = Vec::new();
@@ -805,10 +794,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_upstream_that_stops_taking_the_upload_runs_out_the_head_timeout() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url: UpstreamUrl = format!("http://{}", listener.local_addr().unwrap())
-            .parse()
-            .unwrap();
+        let (listener, url) = listen().await;
         tokio::spawn(async move {
             let (mut socket, _) = listener.accept().await.unwrap();
             let mut buffer = [0; 4096];
