@@ -251,7 +251,9 @@ impl Pool {
             };
             let (mut connection, pooled) = match idle {
                 Some(connection) => (connection, true),
-                None => (self.connect(target).await?, false),
+                // Boxed: a connection (and its TLS handshake) is made seldom, and its future
+                // would otherwise make every request's future larger.
+                None => (Box::pin(self.connect(target)).await?, false),
             };
             // A pooled connection is looked at first: the upstream may have closed it while
             // it was idle.
