@@ -836,6 +836,11 @@ fn requests_the_upstream_could_read_otherwise_are_refused_before_it() {
             501,
         ),
         (
+            "no Host field in HTTP/1.1",
+            "GET /echo HTTP/1.1\r\nX-Account-ID: tester\r\n\r\n",
+            400,
+        ),
+        (
             "two Host fields",
             "GET /echo HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\nX-Account-ID: tester\r\n\r\n",
             400,

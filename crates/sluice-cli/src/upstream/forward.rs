@@ -47,6 +47,8 @@ pub enum Refusal {
     /// `Transfer-Encoding` lists a coding besides `chunked`: the server took the chunked
     /// framing off, and the other coding would reach the upstream unnamed.
     TransferCoding,
+    /// An HTTP/1.1 request without `Host` (RFC 9112 §3.2).
+    NoHost,
     /// More than one `Host` (RFC 9112 §3.2).
     SeveralHosts,
     /// `Host` names another authority than the request target's (an absolute-form target,
@@ -59,7 +61,7 @@ impl Refusal {
     pub fn status(self) -> StatusCode {
         match self {
             Self::TransferCoding => StatusCode::NOT_IMPLEMENTED,
-            Self::SeveralHosts | Self::HostDiffers => StatusCode::BAD_REQUEST,
+            Self::NoHost | Self::SeveralHosts | Self::HostDiffers => StatusCode::BAD_REQUEST,
         }
     }
 
@@ -67,6 +69,7 @@ impl Refusal {
     pub fn detail(self) -> &'static str {
         match self {
             Self::TransferCoding => "a transfer coding other than chunked is not forwarded",
+            Self::NoHost => "an HTTP/1.1 request needs a Host field",
             Self::SeveralHosts => "the request has more than one Host field",
             Self::HostDiffers => "the Host field differs from the request target's authority",
         }
@@ -272,16 +275,21 @@ fn extend(headers: &mut HeaderMap, name: &HeaderName, hop: std::fmt::Arguments<'
 /// it), or removed so the upstream's own is written, the client's then in `X-Forwarded-Host`.
 ///
 /// # Errors
-/// More than one `Host`, or one that differs from the target's authority.
+/// An HTTP/1.1 request (`version`) without `Host`, more than one `Host`, or one that differs
+/// from the target's authority.
 pub fn set_host(
     headers: &mut HeaderMap,
     authority: Option<&http::uri::Authority>,
     keep: bool,
+    version: Version,
 ) -> Result<(), Refusal> {
     let mut hosts = headers.get_all(&HOST).iter();
     let host = hosts.next().cloned();
     if hosts.next().is_some() {
         return Err(Refusal::SeveralHosts);
+    }
+    if host.is_none() && version == Version::HTTP_11 {
+        return Err(Refusal::NoHost);
     }
     if let (Some(host), Some(authority)) = (&host, authority)
         && !host
@@ -440,15 +448,15 @@ mod tests {
     fn host_is_kept_or_moved_aside() {
         let authority: http::uri::Authority = "h2.example:8443".parse().unwrap();
         let mut map = HeaderMap::new();
-        set_host(&mut map, Some(&authority), true).unwrap();
+        set_host(&mut map, Some(&authority), true, Version::HTTP_2).unwrap();
         assert_eq!(values(&map, "host"), ["h2.example:8443"]);
         let mut map = headers(&[("host", "app.example")]);
-        set_host(&mut map, None, false).unwrap();
+        set_host(&mut map, None, false, Version::HTTP_11).unwrap();
         assert!(values(&map, "host").is_empty());
         assert_eq!(values(&map, "x-forwarded-host"), ["app.example"]);
         // The target's authority, in any case, is the same host.
         let mut map = headers(&[("host", "H2.example:8443")]);
-        set_host(&mut map, Some(&authority), true).unwrap();
+        set_host(&mut map, Some(&authority), true, Version::HTTP_11).unwrap();
         assert_eq!(values(&map, "host"), ["H2.example:8443"]);
     }
 
@@ -457,13 +465,23 @@ mod tests {
         let authority: http::uri::Authority = "a.example".parse().unwrap();
         for keep in [true, false] {
             let mut map = headers(&[("host", "a.example"), ("host", "b.example")]);
-            assert_eq!(set_host(&mut map, None, keep), Err(Refusal::SeveralHosts));
+            assert_eq!(
+                set_host(&mut map, None, keep, Version::HTTP_11),
+                Err(Refusal::SeveralHosts)
+            );
             let mut map = headers(&[("host", "b.example")]);
             assert_eq!(
-                set_host(&mut map, Some(&authority), keep),
+                set_host(&mut map, Some(&authority), keep, Version::HTTP_11),
                 Err(Refusal::HostDiffers)
             );
             assert_eq!(values(&map, "host"), ["b.example"], "left as it was");
+            // HTTP/1.1 needs one, even with an absolute-form target; HTTP/1.0 does not.
+            let mut map = HeaderMap::new();
+            assert_eq!(
+                set_host(&mut map, Some(&authority), keep, Version::HTTP_11),
+                Err(Refusal::NoHost)
+            );
+            assert_eq!(set_host(&mut map, None, keep, Version::HTTP_10), Ok(()));
         }
     }
 }

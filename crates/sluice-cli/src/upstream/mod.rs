@@ -180,14 +180,16 @@ impl Proxy {
             };
             forward::write_forwarding(&mut parts.headers, &client)
         });
-        if let Err(refusal) = forward::set_host(&mut parts.headers, parts.uri.authority(), self.keep_host) {
+        if let Err(refusal) =
+            forward::set_host(&mut parts.headers, parts.uri.authority(), self.keep_host, version)
+        {
             return refused(refusal);
         }
         if let Some(upgrade) = &upgrade {
             forward::keep_upgrade(&mut parts.headers, upgrade.clone());
         }
         if !parts.headers.contains_key(HOST) {
-            // Only an HTTP/1.0 client's request (or `host: upstream`) comes without one.
+            // Only an HTTP/1.0 or HTTP/2 client's request (or `host: upstream`) comes without one.
             let host = HeaderValue::from_str(target.authority.as_str());
             parts.headers.extend(host.ok().map(|host| (HOST, host)));
         }
