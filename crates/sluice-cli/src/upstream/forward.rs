@@ -284,29 +284,34 @@ pub fn set_host(
     version: Version,
 ) -> Result<(), Refusal> {
     let mut hosts = headers.get_all(&HOST).iter();
-    let host = hosts.next().cloned();
+    let host = hosts.next();
     if hosts.next().is_some() {
         return Err(Refusal::SeveralHosts);
     }
-    if host.is_none() && version == Version::HTTP_11 {
-        return Err(Refusal::NoHost);
+    match (host, authority) {
+        (None, _) if version == Version::HTTP_11 => return Err(Refusal::NoHost),
+        (Some(host), Some(authority))
+            if !host
+                .as_bytes()
+                .eq_ignore_ascii_case(authority.as_str().as_bytes()) =>
+        {
+            return Err(Refusal::HostDiffers);
+        }
+        _ => {}
     }
-    if let (Some(host), Some(authority)) = (&host, authority)
-        && !host
-            .as_bytes()
-            .eq_ignore_ascii_case(authority.as_str().as_bytes())
-    {
-        return Err(Refusal::HostDiffers);
-    }
-    if keep && host.is_some() {
+    let present = host.is_some();
+    if keep && present {
         return Ok(());
     }
-    let client_host =
-        host.or_else(|| authority.and_then(|authority| HeaderValue::from_str(authority.as_str()).ok()));
+    // The client's own, taken out rather than copied; else the target's authority.
+    let client_host = if present {
+        headers.remove(&HOST)
+    } else {
+        authority.and_then(|authority| HeaderValue::from_str(authority.as_str()).ok())
+    };
     if keep {
         headers.extend(client_host.map(|host| (HOST, host)));
     } else {
-        headers.remove(&HOST);
         headers.extend(client_host.map(|host| (X_FORWARDED_HOST.clone(), host)));
     }
     Ok(())
